@@ -1,0 +1,577 @@
+"""The driver's side of the control plane: run functions on worker processes.
+
+:class:`Cluster` starts the ``Scheduler`` gRPC service and local worker
+processes, and runs *stages*: sets of tasks, each a function call on a given
+worker, between two barriers (DESIGN.md section 5). For every stage::
+
+    epoch, pages = paging.begin_stage()
+    if pages: Invalidate(epoch, pages) on every live worker
+    RunTask(task_id, epoch or the caller's older epoch, payload) on each task's worker
+    paging.end_stage()                                   # in a finally
+
+A task's exception is re-raised in the driver as the same type, with the remote
+traceback attached; a worker that dies during a stage raises
+:class:`~clamor.runtime.errors.WorkerLostError`. Either way the stage's other
+tasks finish first and the cluster stays usable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import pickle
+import threading
+import time
+import types
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Self
+
+import cloudpickle
+import grpc
+from clamor.runtime import shipping
+from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
+from clamor.runtime.exitcodes import describe_exit
+from clamor.runtime.launcher import LocalLauncher
+from clamor.runtime.paging_api import DriverPaging, NullDriverPaging
+from clamor.runtime.proto import clamor_pb2 as pb
+from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.transport import (
+    PROTOCOL_VERSION,
+    check_payload_size,
+    connect,
+    create_server,
+    decode_exception,
+    new_token,
+)
+
+logger = logging.getLogger("clamor.cluster")
+
+#: A worker without a local process is lost after this long without a heartbeat.
+HEARTBEAT_TIMEOUT = 10.0
+#: How often a waiting stage checks that its workers' processes are still alive.
+POLL_INTERVAL = 0.1
+
+#: One task of a stage: ``(worker, fn, args)`` or ``(worker, fn, args, kwargs)``.
+Call = tuple[int, Callable, tuple] | tuple[int, Callable, tuple, dict]
+
+
+# --- task payloads --------------------------------------------------------------
+
+
+def pack_task(fn: Callable, args: tuple = (), kwargs: dict | None = None) -> bytes:
+    """``shipping.dumps((fn, args, kwargs))``, or a :class:`SerializationError` naming the culprit."""
+    kwargs = kwargs or {}
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    try:
+        data = shipping.dumps((fn, tuple(args), kwargs))
+    except Exception as exc:
+        culprit = _find_unpicklable(fn, args, kwargs)
+        raise SerializationError(
+            f"cannot ship {name} to a worker: {culprit or 'the task'} cannot be pickled "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    return check_payload_size(data, f"the task {name} with its arguments")
+
+
+def _picklable(obj: object) -> bool:
+    try:
+        shipping.dumps(obj)
+        return True
+    except Exception:  # noqa: BLE001 - whatever the pickler raises
+        return False
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _parts(fn: object) -> list[tuple[str, object]]:
+    """The objects a function drags along when pickled by value: captured variables, globals, defaults."""
+    if not isinstance(fn, types.FunctionType):
+        return []
+    name = fn.__qualname__
+    parts = [
+        (f"variable {var!r} captured by {name}", cell.cell_contents)
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())
+        if _cell_filled(cell)
+    ]
+    parts += [
+        (f"global {var!r} used by {name}", fn.__globals__[var])
+        for var in sorted(_global_names(fn.__code__))
+        if var in fn.__globals__
+    ]
+    parts += [(f"a default argument of {name}", d) for d in fn.__defaults__ or ()]
+    parts += [(f"keyword default {k!r} of {name}", v) for k, v in (fn.__kwdefaults__ or {}).items()]
+    return parts
+
+
+def _cell_filled(cell) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def _find_unpicklable(fn: Callable, args: Sequence, kwargs: dict) -> str | None:
+    """Describe the innermost object that fails to pickle, e.g. "variable 'lock' captured by f"."""
+
+    def search(label: str, obj: object, depth: int, seen: set[int]) -> str | None:
+        if id(obj) in seen or _picklable(obj):
+            return None
+        seen.add(id(obj))
+        if depth < 4:
+            for sub_label, sub in _parts(obj):
+                found = search(sub_label, sub, depth + 1, seen)
+                if found:
+                    return found
+        return f"{label} (a {type(obj).__module__}.{type(obj).__qualname__})"
+
+    candidates = [("the function", fn)]
+    candidates += [(f"argument {i}", a) for i, a in enumerate(args)]
+    candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    seen: set[int] = set()
+    for label, obj in candidates:
+        found = search(label, obj, 0, seen)
+        if found:
+            return found
+    return None
+
+
+# --- the cluster ------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Worker:
+    id: int
+    pid: int
+    host: str
+    address: str
+    channel: grpc.Channel
+    stub: pb_grpc.WorkerStub
+    local: bool
+    ready: bool = False
+    lost: str | None = None  # how it was lost
+    last_heartbeat: float = dataclasses.field(default_factory=time.monotonic)
+
+
+@dataclasses.dataclass
+class _Outcome:
+    value: Any = None
+    error: BaseException | None = None
+    read_set: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+
+
+class _SchedulerServicer(pb_grpc.SchedulerServicer):
+    """The ``Scheduler`` service; holds its cluster weakly so that it can be collected."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._cluster = weakref.ref(cluster)
+
+    def _get(self, context) -> Cluster:
+        cluster = self._cluster()
+        if cluster is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the cluster is closed")
+        return cluster
+
+    def Register(self, request, context):
+        return self._get(context)._on_register(request)
+
+    def Ready(self, request, context):
+        self._get(context)._on_ready(request.worker_id, pickle.loads(request.info))
+        return pb.ReadyReply()
+
+    def Heartbeat(self, request, context):
+        return pb.HeartbeatReply(ok=self._get(context)._on_heartbeat(request.worker_id))
+
+
+def _shutdown(
+    server: grpc.Server, launcher: LocalLauncher, channels: list, paging: DriverPaging
+) -> None:
+    """Kill the workers still running, stop the scheduler. Also run at exit / on collection."""
+    try:
+        launcher.close(timeout=0)
+    finally:
+        for channel in channels:
+            channel.close()
+        server.stop(grace=None)
+        paging.close()
+
+
+class Cluster:
+    """Worker processes on this machine and the scheduler that drives them.
+
+    ``workers``: how many (default ``os.cpu_count()``); ``host``: the address the
+    scheduler and the workers listen on; ``paging``: the driver side of the pager
+    (default: no shared arena); ``timeout``: seconds to wait for all workers to be
+    ready. ``log_dir``: where worker logs go (default: the driver's stdout/stderr).
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        host: str = "127.0.0.1",
+        paging: DriverPaging | None = None,
+        timeout: float = 60.0,
+        log_dir: str | None = None,
+    ) -> None:
+        n = (os.cpu_count() or 1) if workers is None else workers
+        if n < 1:
+            raise ValueError(f"a cluster needs at least one worker, got {n}")
+        self.host = host
+        self.last_read_sets: list[list[tuple[int, int]]] = []
+        self._paging: DriverPaging = paging if paging is not None else NullDriverPaging()
+        self._token = new_token()
+        self._cond = threading.Condition()
+        self._stage_lock = threading.Lock()
+        self._workers: dict[int, _Worker] = {}
+        self._channels: list[grpc.Channel] = []
+        self._next_id = n
+        self._task_ids = itertools.count(1)
+        self._stages_run = 0
+        self._tasks_run = 0
+        self._closed = False
+
+        self._server, self.address = create_server(
+            self._token,
+            [(pb_grpc.add_SchedulerServicer_to_server, _SchedulerServicer(self))],
+            host=host,
+            max_workers=max(8, min(64, n + 4)),
+        )
+        self._launcher = LocalLauncher(self.address, self._token, host=host, log_dir=log_dir)
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._server, self._launcher, self._channels, self._paging
+        )
+        try:
+            self._launcher.start(range(n))
+            self._wait_ready(range(n), timeout)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self._launcher.release_token_file()  # read by now: do not leave it behind
+
+    # --- scheduler service callbacks (gRPC threads) ---
+
+    def _on_register(self, request: pb.RegisterRequest) -> pb.RegisterReply:
+        with self._cond:
+            worker_id = self._launcher.worker_id_for_pid(request.pid)
+            local = worker_id is not None
+            if worker_id is None:
+                worker_id, self._next_id = self._next_id, self._next_id + 1
+        config = {"worker_id": worker_id, "protocol": PROTOCOL_VERSION}
+        config.update(self._paging.worker_config(worker_id, request.host))
+        channel = connect(request.address, self._token)
+        worker = _Worker(
+            worker_id,
+            request.pid,
+            request.host,
+            request.address,
+            channel,
+            pb_grpc.WorkerStub(channel),
+            local,
+        )
+        with self._cond:
+            self._channels.append(channel)
+            self._workers[worker_id] = worker
+            self._cond.notify_all()
+        logger.info("worker %d registered: pid %d at %s", worker_id, request.pid, request.address)
+        return pb.RegisterReply(worker_id=worker_id, config=cloudpickle.dumps(config))
+
+    def _on_ready(self, worker_id: int, info: dict) -> None:
+        self._paging.worker_ready(worker_id, info)
+        with self._cond:
+            self._workers[worker_id].ready = True
+            self._cond.notify_all()
+
+    def _on_heartbeat(self, worker_id: int) -> bool:
+        with self._cond:
+            worker = self._workers.get(worker_id)
+            if worker is None or worker.lost is not None:
+                return False
+            worker.last_heartbeat = time.monotonic()
+            return True
+
+    # --- liveness ---
+
+    def _wait_ready(self, ids: range, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                pending = [i for i in ids if not (i in self._workers and self._workers[i].ready)]
+                if not pending:
+                    return
+                dead = [i for i in pending if self._launcher.exitcode(i) is not None]
+                if dead or time.monotonic() >= deadline:
+                    problem = [self._startup_state(i) for i in (dead or pending)]
+                    what = "failed to start" if dead else f"did not come up within {timeout:g} s"
+                    raise ClamorError(f"{len(problem)} worker(s) {what}: " + "; ".join(problem))
+                self._cond.wait(POLL_INTERVAL)
+
+    def _startup_state(self, worker_id: int) -> str:
+        code = self._launcher.exitcode(worker_id)
+        if code is not None:
+            state = describe_exit(code)
+        elif worker_id in self._workers:
+            state = "registered but not ready"
+        else:
+            state = "running but never registered"
+        return f"worker {worker_id} (pid {self._launcher.pid(worker_id)}) {state}"
+
+    def _process_alive(self, worker: _Worker) -> bool:
+        if worker.local:
+            return self._launcher.alive(worker.id)
+        return time.monotonic() - worker.last_heartbeat < HEARTBEAT_TIMEOUT
+
+    def _how_lost(self, worker: _Worker, error: grpc.RpcError | None = None) -> str:
+        """Describe a lost worker's end; a local worker that still runs is killed first."""
+        if not worker.local:
+            return (
+                f"no heartbeat for {HEARTBEAT_TIMEOUT:g} s"
+                if error is None
+                else f"unreachable ({error.code().name}: {error.details()})"
+            )
+        code = self._launcher.wait(worker.id, 2.0)
+        if code is None:  # unreachable but running: it cannot be trusted any more
+            code = self._launcher.kill(worker.id)
+            return f"unreachable ({error.code().name if error else 'no reply'}); killed: {describe_exit(code)}"
+        return f"pid {worker.pid} {describe_exit(code)}"
+
+    def _mark_lost(self, worker: _Worker, how: str) -> WorkerLostError:
+        with self._cond:
+            first = worker.lost is None
+            if first:
+                worker.lost = how
+        if first:
+            logger.warning("worker %d lost: %s", worker.id, how)
+            self._paging.worker_lost(worker.id)
+        return WorkerLostError(worker.id, worker.lost)
+
+    def _refresh(self) -> None:
+        """Mark local workers whose process has exited as lost."""
+        with self._cond:
+            candidates = [w for w in self._workers.values() if w.lost is None and w.ready]
+        for worker in candidates:
+            if not self._process_alive(worker):
+                self._mark_lost(worker, self._how_lost(worker))
+
+    def _live_worker(self, worker_id: int) -> _Worker:
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.ready:
+            raise ValueError(f"no worker {worker_id} (workers: {self.workers})")
+        if worker.lost is not None:
+            raise WorkerLostError(worker_id, worker.lost)
+        return worker
+
+    # --- stages ---
+
+    def run(
+        self, fn: Callable, *args: Any, worker: int = 0, epoch: int | None = None, **kwargs: Any
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` on ``worker`` as a one-task stage; return its result."""
+        return self.run_stage([(worker, fn, args, kwargs)], epoch=epoch)[0]
+
+    def run_stage(self, calls: Sequence[Call], epoch: int | None = None) -> list:
+        """Run ``(worker, fn, args[, kwargs])`` calls concurrently as one stage; results in order.
+
+        ``epoch``: run the tasks at this older epoch (a replay) instead of the new one.
+        Every task is pickled before anything is sent. If tasks fail, the first failure
+        in call order is raised once all tasks have finished or failed.
+        """
+        self._check_open()
+        tasks = []
+        for call in calls:
+            worker_id, fn, args, *rest = call
+            tasks.append((worker_id, pack_task(fn, args, rest[0] if rest else None)))
+        with self._stage_lock:
+            self._refresh()
+            workers = [self._live_worker(worker_id) for worker_id, _ in tasks]
+            stage_epoch, pages = self._paging.begin_stage()
+            self._stages_run += 1
+            try:
+                if pages:
+                    self._invalidate(stage_epoch, list(pages))
+                task_epoch = stage_epoch if epoch is None else epoch
+                outcomes = self._run_tasks(workers, [p for _, p in tasks], task_epoch)
+            finally:
+                self._paging.end_stage()
+        self.last_read_sets = [o.read_set for o in outcomes]
+        for outcome in outcomes:
+            if outcome.error is not None:
+                raise outcome.error
+        return [o.value for o in outcomes]
+
+    def _invalidate(self, epoch: int, pages: list[int]) -> None:
+        """Invalidate ``pages`` on every live worker; a worker that fails to is lost (and killed)."""
+        with self._cond:
+            live = [w for w in self._workers.values() if w.ready and w.lost is None]
+        request = pb.InvalidateRequest(epoch=epoch, pages=pages)
+        calls = [(w, w.stub.Invalidate.future(request, timeout=60)) for w in live]
+        for worker, future in calls:
+            try:
+                future.result()
+            except grpc.RpcError as exc:
+                self._mark_lost(worker, f"invalidation failed: {self._how_lost(worker, exc)}")
+
+    def _run_tasks(
+        self, workers: list[_Worker], payloads: list[bytes], epoch: int
+    ) -> list[_Outcome]:
+        outcomes: list[_Outcome | None] = [None] * len(payloads)
+        wake = threading.Event()
+        pending = {}
+        for i, (worker, payload) in enumerate(zip(workers, payloads)):
+            if worker.lost is not None:  # lost during invalidation
+                outcomes[i] = _Outcome(error=WorkerLostError(worker.id, worker.lost))
+                continue
+            request = pb.RunTaskRequest(task_id=next(self._task_ids), epoch=epoch, payload=payload)
+            future = worker.stub.RunTask.future(request)
+            future.add_done_callback(lambda _: wake.set())
+            pending[i] = (worker, future)
+        while pending:
+            wake.wait(POLL_INTERVAL)
+            wake.clear()
+            for i, (worker, future) in list(pending.items()):
+                if future.done():
+                    outcomes[i] = self._outcome(worker, future)
+                elif worker.lost is not None or not self._process_alive(worker):
+                    future.cancel()
+                    outcomes[i] = _Outcome(
+                        error=self._mark_lost(worker, worker.lost or self._how_lost(worker))
+                    )
+                else:
+                    continue
+                del pending[i]
+        return outcomes  # type: ignore[return-value]
+
+    def _outcome(self, worker: _Worker, future) -> _Outcome:
+        try:
+            reply = future.result()
+        except grpc.FutureCancelledError:
+            return _Outcome(error=self._mark_lost(worker, worker.lost or "task cancelled"))
+        except grpc.RpcError as exc:
+            if exc.code() in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.CANCELLED,
+            ) or not self._process_alive(worker):
+                return _Outcome(
+                    error=self._mark_lost(worker, worker.lost or self._how_lost(worker, exc))
+                )
+            return _Outcome(
+                error=ClamorError(
+                    f"RunTask on worker {worker.id} failed: {exc.code().name}: {exc.details()}"
+                )
+            )
+        with self._cond:
+            self._tasks_run += 1
+        read_set = [(pv.page, pv.version) for pv in reply.read_set]
+        if reply.status != pb.OK:
+            error = decode_exception(
+                reply.error, reply.traceback, reply.error_type, reply.error_message
+            )
+            return _Outcome(error=error, read_set=read_set)
+        try:
+            return _Outcome(value=shipping.loads(reply.result), read_set=read_set)
+        except Exception as exc:  # noqa: BLE001 - whatever the unpickler raises
+            error = SerializationError(
+                f"the result of a task on worker {worker.id} cannot be unpickled in the driver: "
+                f"{type(exc).__name__}: {exc}"
+            )
+            error.__cause__ = exc
+            return _Outcome(error=error, read_set=read_set)
+
+    # --- inspection and faults ---
+
+    @property
+    def workers(self) -> list[int]:
+        """Ids of the live workers."""
+        self._refresh()
+        with self._cond:
+            return sorted(w.id for w in self._workers.values() if w.ready and w.lost is None)
+
+    def worker_stats(self) -> list[dict]:
+        """Per worker (lost ones included): ``id``, ``pid``, ``host``, ``address``, ``alive``,
+        and for live ones the worker's own stats (``tasks_run``, ``rss_bytes``, paging counters)."""
+        self._refresh()
+        with self._cond:
+            workers = sorted(self._workers.values(), key=lambda w: w.id)
+        calls = [
+            (w, w.stub.Stats.future(pb.StatsRequest(), timeout=10) if w.lost is None else None)
+            for w in workers
+        ]
+        result = []
+        for worker, future in calls:
+            entry: dict[str, Any] = {
+                "id": worker.id,
+                "pid": worker.pid,
+                "host": worker.host,
+                "address": worker.address,
+                "alive": worker.lost is None,
+            }
+            if future is not None:
+                try:
+                    entry.update(pickle.loads(future.result().stats))
+                except grpc.RpcError as exc:
+                    entry["error"] = f"{exc.code().name}: {exc.details()}"
+                entry.update(id=worker.id, pid=worker.pid, host=worker.host)
+            else:
+                entry["lost"] = worker.lost
+            result.append(entry)
+        return result
+
+    def stats(self) -> dict:
+        """``paging.stats()`` plus ``stages_run``, ``tasks_run`` and ``workers`` (:meth:`worker_stats`)."""
+        stats = dict(self._paging.stats())
+        with self._cond:
+            stats.update(stages_run=self._stages_run, tasks_run=self._tasks_run)
+        stats["workers"] = self.worker_stats()
+        return stats
+
+    def kill_worker(self, worker_id: int) -> None:
+        """SIGKILL a worker's process (fault injection) and wait until it has exited."""
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.local:
+            raise ValueError(f"worker {worker_id} was not started by this cluster")
+        code = self._launcher.kill(worker_id)
+        self._mark_lost(worker, f"pid {worker.pid} {describe_exit(code)} (kill_worker)")
+
+    # --- lifetime ---
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClamorError("the cluster is closed")
+
+    def close(self) -> None:
+        """Shut the workers down (SIGKILL for stragglers) and stop the scheduler. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            live = [w for w in self._workers.values() if w.lost is None]
+        futures = [w.stub.Shutdown.future(pb.ShutdownRequest(), timeout=2) for w in live]
+        for future in futures:
+            try:
+                future.result()
+            except grpc.RpcError:
+                pass
+        try:
+            self._launcher.close(timeout=5.0)  # let them exit on their own first
+        finally:
+            self._finalizer()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._workers)} workers"
+        return f"<Cluster {self.address} {state}>"

@@ -1,0 +1,56 @@
+"""Exceptions of the Clamor runtime."""
+
+
+class ClamorError(Exception):
+    """Base class of every error raised by Clamor."""
+
+
+class ArenaExhaustedError(ClamorError, MemoryError):
+    """The shared arena has no free block large enough for an allocation."""
+
+
+# --- control plane (runtime/cluster.py, runtime/worker.py) -------------------
+
+
+class RemoteTraceback(Exception):
+    """The formatted traceback of an exception raised on a worker.
+
+    Set as ``__cause__`` of the re-raised exception (as ``concurrent.futures``
+    does), so the remote frames print above the driver's own traceback.
+    """
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.tb.rstrip()}\n"""'
+
+
+class TaskError(ClamorError):
+    """A task failed with an exception that could not be re-created in the driver."""
+
+    def __init__(self, type_name: str, message: str, remote_traceback: str = "") -> None:
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+        self.type_name = type_name
+        self.message = message
+        self.remote_traceback = remote_traceback
+
+    def __reduce__(self):
+        return (type(self), (self.type_name, self.message, self.remote_traceback))
+
+
+class WorkerLostError(ClamorError):
+    """A worker process died or became unreachable (``how``: exit status, signal, ...)."""
+
+    def __init__(self, worker_id: int, how: str) -> None:
+        super().__init__(f"worker {worker_id} was lost: {how}")
+        self.worker_id = worker_id
+        self.how = how
+
+    def __reduce__(self):
+        return (type(self), (self.worker_id, self.how))
+
+
+class SerializationError(ClamorError, TypeError):
+    """A task, its arguments or its result cannot be serialized (nothing was sent)."""

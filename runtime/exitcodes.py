@@ -1,0 +1,32 @@
+"""Exit statuses of ``clamor-worker`` and how to describe a worker's end."""
+
+import signal
+
+EXIT_OK = 0
+#: The driver could not be reached (at registration, by heartbeats, or its process is gone).
+EXIT_DRIVER_UNREACHABLE = 70
+#: The driver refused the worker (bad token, protocol mismatch, or it no longer knows it).
+EXIT_DRIVER_REFUSED = 71
+#: The worker could not set itself up (e.g. its paging factory failed).
+EXIT_SETUP_FAILED = 72
+
+_NAMES = {
+    EXIT_OK: "clean shutdown",
+    EXIT_DRIVER_UNREACHABLE: "driver unreachable",
+    EXIT_DRIVER_REFUSED: "refused by the driver",
+    EXIT_SETUP_FAILED: "worker set-up failed",
+}
+
+
+def describe_exit(code: int | None) -> str:
+    """Say how a process ended, from a ``Popen.returncode``-style code (negative = signal)."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by signal {-code} ({name})"
+    name = _NAMES.get(code)
+    return f"exited with status {code}" + (f" ({name})" if name else "")

@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf modules for the control plane (see README.md)."""

@@ -1,0 +1,284 @@
+"""gRPC plumbing of the control plane: servers, channels, tokens, wire helpers.
+
+Every call carries the cluster token and the protocol version as metadata; a
+server interceptor checks both on every service (``UNAUTHENTICATED`` for a
+missing or wrong token, ``FAILED_PRECONDITION`` for another protocol version).
+Messages are bounded by :data:`MAX_MESSAGE_BYTES` in both directions.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hmac
+import logging
+import os
+import secrets
+import stat
+import tempfile
+import traceback
+from collections.abc import Callable, Iterable
+from concurrent import futures
+from typing import Any
+
+import grpc
+from clamor.runtime import shipping
+from clamor.runtime.errors import RemoteTraceback, SerializationError, TaskError
+
+logger = logging.getLogger("clamor.transport")
+
+#: Version of the control-plane protocol (runtime/proto/clamor.proto, package clamor.v1).
+PROTOCOL_VERSION = "1"
+TOKEN_METADATA_KEY = "x-clamor-token"
+PROTOCOL_METADATA_KEY = "x-clamor-protocol"
+
+#: Largest gRPC message sent or received, either way.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Largest pickled task or result: the message limit minus room for the other fields.
+MAX_PAYLOAD_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+# --- addresses and tokens -----------------------------------------------------
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, with brackets around an IPv6 host."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """Inverse of :func:`format_address`."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def new_token() -> str:
+    """A fresh cluster token: 32 random bytes, hex."""
+    return secrets.token_hex(32)
+
+
+def write_token_file(path: str, token: str) -> None:
+    """Write ``token`` to a new file readable by its owner only (mode 0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+
+
+def write_temp_token_file(token: str, dir: str | None = None) -> str:
+    """Write ``token`` to a new 0600 temporary file and return its path (caller removes it)."""
+    fd, path = tempfile.mkstemp(prefix="clamor-token-", dir=dir)  # mkstemp: O_EXCL, 0600
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return path
+
+
+def read_token_file(path: str) -> str:
+    """Read a token file; warns if other users may read it."""
+    with open(path) as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            logger.warning(
+                "token file %s is accessible by other users (mode %o)", path, mode & 0o777
+            )
+        token = f.read().strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
+
+
+# --- servers --------------------------------------------------------------------
+
+
+class _AuthInterceptor(grpc.ServerInterceptor):
+    """Refuses calls without the cluster token or with another protocol version."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    def intercept_service(self, continuation, details):
+        metadata = dict(details.invocation_metadata or ())
+        token = metadata.get(TOKEN_METADATA_KEY)
+        version = metadata.get(PROTOCOL_METADATA_KEY)
+        if token is None:
+            refusal = (grpc.StatusCode.UNAUTHENTICATED, "missing cluster token (x-clamor-token)")
+        elif not hmac.compare_digest(str(token).encode(), self._token):
+            refusal = (
+                grpc.StatusCode.UNAUTHENTICATED,
+                "invalid cluster token (a token file from another cluster?)",
+            )
+        elif version != PROTOCOL_VERSION:
+            theirs = "no protocol version" if version is None else f"protocol version {version}"
+            refusal = (
+                grpc.StatusCode.FAILED_PRECONDITION,
+                (
+                    f"protocol version mismatch: the client sent {theirs}, "
+                    f"this server speaks protocol version {PROTOCOL_VERSION}"
+                ),
+            )
+        else:
+            return continuation(details)
+        return _refusing_handler(continuation(details), details.method, *refusal)
+
+
+def _refusing_handler(handler, method: str, code: grpc.StatusCode, message: str):
+    if handler is None:
+        return None
+
+    def refuse(request_or_iterator, context):
+        logger.warning("refused %s from %s: %s", method, context.peer(), message)
+        context.abort(code, message)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse)
+    return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+def create_server(
+    token: str,
+    services: Iterable[tuple[Callable[[Any, grpc.Server], None], Any]],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_workers: int = 8,
+) -> tuple[grpc.Server, str]:
+    """Start a gRPC server on ``host:port`` (0: any free port) that checks the token.
+
+    ``services`` are ``(add_XServicer_to_server, servicer)`` pairs. Returns the
+    started server and its ``host:port`` address.
+    """
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="clamor-grpc"),
+        interceptors=[_AuthInterceptor(token)],
+        options=_CHANNEL_OPTIONS,
+    )
+    for add, servicer in services:
+        add(servicer, server)
+    bound = server.add_insecure_port(format_address(host, port))
+    if not bound:
+        raise OSError(f"cannot listen on {format_address(host, port)}")
+    server.start()
+    return server, format_address(host, bound)
+
+
+# --- channels -------------------------------------------------------------------
+
+_Details = collections.namedtuple(
+    "_Details", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+)
+
+
+class _CallDetails(_Details, grpc.ClientCallDetails):
+    pass
+
+
+class _MetadataInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds the token and protocol version to every call."""
+
+    def __init__(self, metadata: list[tuple[str, str]]) -> None:
+        self._metadata = metadata
+
+    def _with_metadata(self, d):
+        return _CallDetails(
+            d.method,
+            d.timeout,
+            list(d.metadata or ()) + self._metadata,
+            d.credentials,
+            getattr(d, "wait_for_ready", None),
+            getattr(d, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_metadata(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_metadata(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._with_metadata(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._with_metadata(details), request_iterator)
+
+
+def connect(address: str, token: str, *, protocol: str = PROTOCOL_VERSION) -> grpc.Channel:
+    """A channel to ``address`` whose every call carries ``token`` and ``protocol``."""
+    channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    metadata = [(TOKEN_METADATA_KEY, token), (PROTOCOL_METADATA_KEY, protocol)]
+    return grpc.intercept_channel(channel, _MetadataInterceptor(metadata))
+
+
+# --- task payloads and remote exceptions ---------------------------------------------
+
+
+def check_payload_size(data: bytes, what: str) -> bytes:
+    """Return ``data``, or raise :class:`SerializationError` if it exceeds the message limit."""
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise SerializationError(
+            f"{what} is {len(data) / 2**20:.1f} MiB once pickled, over the "
+            f"{MAX_PAYLOAD_BYTES / 2**20:.0f} MiB limit of a control-plane message; "
+            "keep large data in the shared arena rather than shipping it by value"
+        )
+    return data
+
+
+def encode_exception(exc: BaseException) -> dict[str, Any]:
+    """Fields of a ``RunTaskReply`` describing ``exc`` (pickled form, traceback text, type, message)."""
+    tb = exc.__traceback__
+    tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb  # drop the worker's frame
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    try:
+        blob = shipping.dumps(exc)
+        if len(blob) > MAX_PAYLOAD_BYTES // 2:
+            blob = b""
+    except Exception:  # noqa: BLE001 - unpicklable: the driver gets a TaskError
+        blob = b""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001
+        message = "<unprintable>"
+    cls = type(exc)
+    return {
+        "error": blob,
+        "traceback": text,
+        "error_type": f"{cls.__module__}.{cls.__qualname__}",
+        "error_message": message,
+    }
+
+
+def decode_exception(blob: bytes, tb: str, type_name: str, message: str) -> Exception:
+    """Re-create a task's exception in the driver, with the remote traceback attached.
+
+    The same type when it unpickles to an ``Exception``; otherwise a :class:`TaskError`.
+    The traceback is both ``exc.remote_traceback`` and ``exc.__cause__`` (a
+    :class:`RemoteTraceback`).
+    """
+    exc: Exception | None = None
+    if blob:
+        try:
+            obj = shipping.loads(blob)
+        except Exception:  # noqa: BLE001 - e.g. a class the driver cannot import
+            obj = None
+        if isinstance(obj, Exception):
+            exc = obj
+    if exc is None:
+        exc = TaskError(type_name, message, tb)
+    with contextlib.suppress(AttributeError):  # exceptions with __slots__ or read-only attributes
+        exc.__cause__ = RemoteTraceback(tb)
+        exc.remote_traceback = tb
+    return exc
