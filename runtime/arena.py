@@ -405,3 +405,21 @@ def arena_offset(x: Any) -> int:
     ):
         raise ValueError("the array's data is not in the clamor arena")
     return addr - int(ffi.cast("uintptr_t", lib.clamor_arena_base()))
+
+
+def page_size() -> int:
+    """The arena's page size (what blocks of at least a page are aligned to)."""
+    return get_arena().page_size
+
+
+def view(offset: int, shape: tuple, dtype: Any, strides: tuple | None = None) -> np.ndarray:
+    """A zero-copy view of arena bytes at ``offset`` (bounds-checked by numpy)."""
+    arena = get_arena()
+    whole = np.frombuffer(ffi.buffer(lib.clamor_arena_base(), arena.size), dtype=np.uint8)
+    return np.ndarray(shape, dtype=dtype, buffer=whole, offset=offset, strides=strides)
+
+
+def page_span(x: Any, page_size: int) -> tuple[int, int]:
+    """The pages ``[first, end)`` that the arena array ``x`` occupies."""
+    start = arena_offset(x)
+    return start // page_size, -(-(start + max(x.nbytes, 1)) // page_size)

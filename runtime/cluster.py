@@ -24,23 +24,23 @@ import os
 import pickle
 import threading
 import time
-import types
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 import cloudpickle
 import grpc
-from clamor.runtime import shipping
+from clamor.runtime import arena, shipping
+from clamor.runtime.shipping import pack_task
 from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
 from clamor.runtime.exitcodes import describe_exit
 from clamor.runtime.launcher import LocalLauncher
-from clamor.runtime.paging_api import DriverPaging, NullDriverPaging
+from clamor.runtime.pager import DriverPager
+from clamor.runtime.paging_api import DriverPaging
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.transport import (
     PROTOCOL_VERSION,
-    check_payload_size,
     connect,
     create_server,
     decode_exception,
@@ -58,93 +58,6 @@ POLL_INTERVAL = 0.1
 Call = tuple[int, Callable, tuple] | tuple[int, Callable, tuple, dict]
 
 
-# --- task payloads --------------------------------------------------------------
-
-
-def pack_task(fn: Callable, args: tuple = (), kwargs: dict | None = None) -> bytes:
-    """``shipping.dumps((fn, args, kwargs))``, or a :class:`SerializationError` naming the culprit."""
-    kwargs = kwargs or {}
-    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    try:
-        data = shipping.dumps((fn, tuple(args), kwargs))
-    except Exception as exc:
-        culprit = _find_unpicklable(fn, args, kwargs)
-        raise SerializationError(
-            f"cannot ship {name} to a worker: {culprit or 'the task'} cannot be pickled "
-            f"({type(exc).__name__}: {exc})"
-        ) from exc
-    return check_payload_size(data, f"the task {name} with its arguments")
-
-
-def _picklable(obj: object) -> bool:
-    try:
-        shipping.dumps(obj)
-        return True
-    except Exception:  # noqa: BLE001 - whatever the pickler raises
-        return False
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
-
-def _parts(fn: object) -> list[tuple[str, object]]:
-    """The objects a function drags along when pickled by value: captured variables, globals, defaults."""
-    if not isinstance(fn, types.FunctionType):
-        return []
-    name = fn.__qualname__
-    parts = [
-        (f"variable {var!r} captured by {name}", cell.cell_contents)
-        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())
-        if _cell_filled(cell)
-    ]
-    parts += [
-        (f"global {var!r} used by {name}", fn.__globals__[var])
-        for var in sorted(_global_names(fn.__code__))
-        if var in fn.__globals__
-    ]
-    parts += [(f"a default argument of {name}", d) for d in fn.__defaults__ or ()]
-    parts += [(f"keyword default {k!r} of {name}", v) for k, v in (fn.__kwdefaults__ or {}).items()]
-    return parts
-
-
-def _cell_filled(cell) -> bool:
-    try:
-        _ = cell.cell_contents
-    except ValueError:  # an empty cell
-        return False
-    return True
-
-
-def _find_unpicklable(fn: Callable, args: Sequence, kwargs: dict) -> str | None:
-    """Describe the innermost object that fails to pickle, e.g. "variable 'lock' captured by f"."""
-
-    def search(label: str, obj: object, depth: int, seen: set[int]) -> str | None:
-        if id(obj) in seen or _picklable(obj):
-            return None
-        seen.add(id(obj))
-        if depth < 4:
-            for sub_label, sub in _parts(obj):
-                found = search(sub_label, sub, depth + 1, seen)
-                if found:
-                    return found
-        return f"{label} (a {type(obj).__module__}.{type(obj).__qualname__})"
-
-    candidates = [("the function", fn)]
-    candidates += [(f"argument {i}", a) for i, a in enumerate(args)]
-    candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-    seen: set[int] = set()
-    for label, obj in candidates:
-        found = search(label, obj, 0, seen)
-        if found:
-            return found
-    return None
-
-
 # --- the cluster ------------------------------------------------------------------
 
 
@@ -159,6 +72,7 @@ class _Worker:
     local: bool
     ready: bool = False
     lost: str | None = None  # how it was lost
+    info: dict = dataclasses.field(default_factory=dict)  # its WorkerPaging.info()
     last_heartbeat: float = dataclasses.field(default_factory=time.monotonic)
 
 
@@ -209,8 +123,11 @@ class Cluster:
     """Worker processes on this machine and the scheduler that drives them.
 
     ``workers``: how many (default ``os.cpu_count()``); ``host``: the address the
-    scheduler and the workers listen on; ``paging``: the driver side of the pager
-    (default: no shared arena); ``timeout``: seconds to wait for all workers to be
+    scheduler and the workers listen on. Paging (DESIGN 3): ``page_size`` (default
+    the arena's), ``transport`` (``"auto"``: shared memory for workers on this host,
+    TCP otherwise; ``"shm"``; ``"tcp"``), ``replication`` (redirect requests for held
+    pages to peers), ``readahead`` (batch sequential faults). ``paging``: replaces the
+    arena pager (tests use the no-op one). ``timeout``: seconds to wait for all workers to be
     ready. ``log_dir``: where worker logs go (default: the driver's stdout/stderr).
     """
 
@@ -219,6 +136,10 @@ class Cluster:
         workers: int | None = None,
         *,
         host: str = "127.0.0.1",
+        page_size: int | None = None,
+        transport: str = "auto",
+        replication: bool = True,
+        readahead: bool = True,
         paging: DriverPaging | None = None,
         timeout: float = 60.0,
         log_dir: str | None = None,
@@ -228,8 +149,15 @@ class Cluster:
             raise ValueError(f"a cluster needs at least one worker, got {n}")
         self.host = host
         self.last_read_sets: list[list[tuple[int, int]]] = []
-        self._paging: DriverPaging = paging if paging is not None else NullDriverPaging()
         self._token = new_token()
+        self._paging: DriverPaging = paging if paging is not None else DriverPager(
+            page_size=page_size,
+            token=self._token.encode(),
+            host=host,
+            transport=transport,
+            replication=replication,
+            readahead=readahead,
+        )
         self._cond = threading.Condition()
         self._stage_lock = threading.Lock()
         self._workers: dict[int, _Worker] = {}
@@ -289,6 +217,7 @@ class Cluster:
     def _on_ready(self, worker_id: int, info: dict) -> None:
         self._paging.worker_ready(worker_id, info)
         with self._cond:
+            self._workers[worker_id].info = info
             self._workers[worker_id].ready = True
             self._cond.notify_all()
 
@@ -527,12 +456,45 @@ class Cluster:
         return result
 
     def stats(self) -> dict:
-        """``paging.stats()`` plus ``stages_run``, ``tasks_run`` and ``workers`` (:meth:`worker_stats`)."""
+        """The observability contract of DESIGN 5: paging counters, stage and task counts,
+        worker totals (``pages_fetched``, ``faults``) and ``workers`` (:meth:`worker_stats`)."""
         stats = dict(self._paging.stats())
+        workers = self.worker_stats()
         with self._cond:
             stats.update(stages_run=self._stages_run, tasks_run=self._tasks_run)
-        stats["workers"] = self.worker_stats()
+        stats.update(tasks_recomputed=0, tasks_speculated=0)  # no recovery or speculation yet
+        for key in ("pages_fetched", "faults"):
+            stats[key] = sum(w.get(key, 0) for w in workers)
+        stats["workers"] = workers
         return stats
+
+    @property
+    def paging(self) -> DriverPaging:
+        """The driver side of the pager (a :class:`DriverPager` unless replaced)."""
+        return self._paging
+
+    @property
+    def page_size(self) -> int:
+        return int(getattr(self._paging, "page_size", 0))
+
+    def page_stats(self, var: Any = None) -> dict:
+        """Per-page arrays (``requests``, ``driver_bytes``, ``peer_bytes``, ``holders``,
+        ``version``) for the arena array ``var``, or the whole used arena; ``first_page``."""
+        if var is None:
+            first, count = 0, None
+        else:
+            first, end = arena.page_span(var, self.page_size)
+            count = end - first
+        stats = self._paging.page_stats(first, count)
+        stats["first_page"] = first
+        return stats
+
+    def worker_pid(self, worker_id: int) -> int:
+        return self._workers[worker_id].pid
+
+    def worker_info(self, worker_id: int) -> dict:
+        """What the worker's pager announced: ``host``, ``page_port``, ``shm``."""
+        return dict(self._workers[worker_id].info)
 
     def kill_worker(self, worker_id: int) -> None:
         """SIGKILL a worker's process (fault injection) and wait until it has exited."""

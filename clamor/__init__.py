@@ -1,0 +1,36 @@
+"""Clamor for Jupyter: cluster computing over demand-paged notebook objects.
+
+Objects built in the notebook live in a shared arena; tasks ship references
+to them, and workers fetch only the pages they touch. This module is the
+curated public API and nothing else.
+"""
+
+from clamor.runtime.arena import array, asarray, configure, empty, empty_like, in_arena, shared
+from clamor.runtime.cluster import Cluster
+from clamor.runtime.errors import (
+    ArenaExhaustedError,
+    ClamorError,
+    SerializationError,
+    TaskError,
+    WorkerLostError,
+)
+from clamor.runtime.shipping import ArenaRef
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArenaExhaustedError",
+    "ArenaRef",
+    "ClamorError",
+    "Cluster",
+    "SerializationError",
+    "TaskError",
+    "WorkerLostError",
+    "array",
+    "asarray",
+    "configure",
+    "empty",
+    "empty_like",
+    "in_arena",
+    "shared",
+]

@@ -1,0 +1,120 @@
+/* The public C API of clamor's native module.
+ *
+ * This file is read twice: by the C compiler (through clamor.h) and by cffi's
+ * cdef (build.py strips the preprocessor lines), so it holds only plain
+ * declarations. Every function is safe to call without the GIL unless its
+ * comment says otherwise. Errors: functions returning int use 0 for success
+ * and -1 for failure with a message in the caller's `err` buffer.
+ */
+
+/* ---------------------------------------------------------------- arena --
+ * One arena per process: a contiguous virtual region divided into pages.
+ * On the driver it is backed by a memfd (shared with same-host workers);
+ * the allocator's metadata lives outside the arena (malloc'd), so that
+ * allocating and freeing never write to arena pages. */
+
+typedef struct {
+    uint64_t size;              /* bytes reserved */
+    uint64_t used;              /* bytes in live blocks (rounded sizes) */
+    uint64_t free;              /* size - used */
+    uint64_t high_water;        /* first byte never handed out (offset) */
+    uint64_t allocations;       /* live blocks */
+    uint64_t large_align;       /* alignment of blocks >= large_align */
+    uint64_t last_failed_request; /* bytes of the last request that failed, 0 if none */
+} clamor_arena_stats;
+
+int clamor_arena_create(uint64_t size, uint64_t large_align, char *err, size_t errlen);
+int clamor_arena_exists(void);
+void *clamor_arena_base(void);
+uint64_t clamor_arena_size(void);
+int clamor_arena_fd(void);
+void *clamor_arena_alloc(uint64_t nbytes);
+void *clamor_arena_calloc(uint64_t nmemb, uint64_t size);
+void *clamor_arena_realloc(void *ptr, uint64_t nbytes);
+void clamor_arena_free(void *ptr);
+int clamor_arena_contains(const void *ptr);
+uint64_t clamor_arena_block_size(const void *ptr);
+void clamor_arena_get_stats(clamor_arena_stats *out);
+
+/* NEP 49 numpy memory handler routing numpy allocations to the arena.
+ * These three take the GIL themselves (cffi releases it around calls). */
+int clamor_numpy_handler_init(void);
+void *clamor_numpy_handler_push(void);
+int clamor_numpy_handler_pop(void *previous);
+
+/* ----------------------------------------------------------- driver pager --
+ * Write tracking, page versions, the version log, the directory of which
+ * worker holds which page, and the driver's page server thread. */
+
+typedef struct {
+    uint64_t page_size;
+    uint64_t num_pages;
+    uint64_t epoch;
+    uint64_t requests;          /* GET requests received */
+    uint64_t redirects;         /* answered with REDIRECT */
+    uint64_t pages_served;
+    uint64_t bytes_served;      /* by the driver's page server (TCP) */
+    uint64_t shm_bytes;         /* read by same-host workers from the memfd */
+    uint64_t peer_bytes;        /* reported by workers as served by peers */
+    uint64_t cow_copies;        /* pages copied into the version log */
+    uint64_t version_log_bytes;
+    uint64_t version_log_entries;
+    uint64_t invalidations;     /* page invalidations announced */
+    uint64_t auth_failures;
+    uint64_t bad_requests;
+    uint64_t stage_running;
+} clamor_driver_stats;
+
+int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_len,
+                        const char *bind_host, int port, int replication,
+                        char *err, size_t errlen);
+int clamor_driver_port(void);
+int clamor_driver_state_fd(void);
+void clamor_driver_stop(void);
+uint32_t clamor_driver_begin_stage(void);
+uint64_t clamor_driver_invalidated(uint64_t *out, uint64_t cap);
+void clamor_driver_end_stage(void);
+int clamor_driver_set_peer(int worker_id, const char *host, int port);
+void clamor_driver_drop_worker(int worker_id);
+void clamor_driver_get_stats(clamor_driver_stats *out);
+uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests,
+                                  uint64_t *driver_bytes, uint64_t *peer_bytes,
+                                  uint32_t *holders, uint32_t *version);
+int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out);
+
+/* ----------------------------------------------------------- worker pager --
+ * The reserved arena range, the userfaultfd handler thread that fetches and
+ * installs pages read-only, per-task read sets, and the worker's page server. */
+
+typedef struct {
+    uint64_t faults;            /* missing-page faults (a fetch was needed) */
+    uint64_t soft_faults;       /* minor faults on cached pages (read-set tracking) */
+    uint64_t pages_fetched;
+    uint64_t bytes_fetched;
+    uint64_t from_shm;          /* pages copied from the driver's memfd */
+    uint64_t from_driver;       /* pages received from the driver over TCP */
+    uint64_t from_peers;        /* pages received from peers */
+    uint64_t redirects;
+    uint64_t peer_fallbacks;    /* redirects whose peer failed: refetched from the driver */
+    uint64_t readahead_pages;
+    uint64_t cached_pages;
+    uint64_t invalidations;
+    uint64_t pages_served;      /* by this worker's page server to peers */
+    uint64_t bytes_served;
+    uint64_t auth_failures;
+    uint64_t bad_requests;
+} clamor_worker_stats;
+
+int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,
+                        const uint8_t *token, size_t token_len,
+                        const char *driver_host, int driver_port,
+                        const char *shm_arena_path, const char *shm_state_path,
+                        const char *bind_host, int readahead,
+                        char *err, size_t errlen);
+void *clamor_worker_base(void);
+int clamor_worker_port(void);
+void clamor_worker_begin_task(uint32_t epoch);
+uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t cap);
+void clamor_worker_invalidate(uint32_t epoch, const uint64_t *pages, uint64_t n);
+void clamor_worker_get_stats(clamor_worker_stats *out);
+int clamor_worker_touch(uint64_t offset, uint64_t length);

@@ -1,0 +1,435 @@
+/* The driver pager.
+ *
+ * Versions: every stage submission (begin_stage) is a new epoch E. Pages
+ * written since the previous submission get version E; all handed-out
+ * pages are then write-protected with userfaultfd (no signal handler, so
+ * Python's faulthandler is never involved). The first driver write to a
+ * protected page faults into the handler thread here, which copies the old
+ * contents into the version log as (page, old version), marks the page
+ * dirty and unprotects it. The running stage keeps being served the sealed
+ * version from the log; the new contents become the next version.
+ *
+ * Directory: which workers hold the current version of each page. A GET for
+ * a page that some other worker holds is answered with REDIRECT to one of
+ * them (two random choices, the less loaded wins), which is how hot pages
+ * replicate; a client whose redirect failed asks again with NO_REDIRECT.
+ */
+#include <errno.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "clamor.h"
+#include "page_server.h"
+#include "pager_common.h"
+
+#define FL_PROTECTED 1
+#define FL_DIRTY 2
+#define UFFD_FEATURE_WP_UNPOPULATED_ (1 << 13) /* newer than the build headers */
+
+typedef struct logent {
+    uint32_t version, valid_until;
+    struct logent *next;
+    uint8_t data[];
+} logent;
+
+typedef struct {
+    uint32_t ip, port;
+    int present;
+} peer;
+
+static struct {
+    int running;
+    uint8_t *base;
+    uint64_t ps, npages;
+    int uffd, stop_efd, state_fd;
+    pthread_t wp_thread;
+    _Atomic uint64_t *state; /* version << 1 | dirty; read by same-host workers */
+    uint32_t *version;
+    uint8_t *flags;
+    uint64_t *holders, *requests, *driver_bytes, *peer_bytes;
+    logent **log;
+    cl_stripes stripes;
+    pthread_mutex_t stage; /* serialises begin_stage with the write handler */
+    _Atomic uint32_t epoch;
+    uint64_t *inval, ninval, inval_cap;
+    int replication;
+    peer peers[CL_MAX_WORKERS];
+    uint64_t redirect_load[CL_MAX_WORKERS];
+    cl_server *server;
+    clamor_driver_stats st;
+} D;
+
+#define ADD(field, n) __atomic_fetch_add(&D.st.field, (n), __ATOMIC_RELAXED)
+
+static uint64_t rnd(void) {
+    static __thread uint64_t s;
+    if (!s && getrandom(&s, sizeof s, 0) != sizeof s) s = (uint64_t)(uintptr_t)&s;
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    return s;
+}
+
+static int write_protect(uint64_t first, uint64_t n, int on) {
+    struct uffdio_writeprotect wp = {
+        .range = {(uint64_t)(uintptr_t)(D.base + first * D.ps), n * D.ps},
+        .mode = on ? UFFDIO_WRITEPROTECT_MODE_WP : 0,
+    };
+    if (ioctl(D.uffd, UFFDIO_WRITEPROTECT, &wp)) {
+        cl_log("write-protect of pages %llu+%llu failed: %s", (unsigned long long)first,
+               (unsigned long long)n, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------ write tracking -- */
+
+static void on_write_fault(uint64_t addr) {
+    uint64_t p = (addr - (uint64_t)(uintptr_t)D.base) / D.ps;
+    if (p >= D.npages) return;
+    pthread_mutex_lock(&D.stage);
+    pthread_mutex_t *m = cl_stripe(&D.stripes, p);
+    pthread_mutex_lock(m);
+    if ((D.flags[p] & FL_PROTECTED) && !(D.flags[p] & FL_DIRTY)) {
+        logent *e = malloc(sizeof *e + D.ps);
+        if (!e) {
+            cl_log("out of memory copying page %llu into the version log", (unsigned long long)p);
+            abort();
+        }
+        e->version = D.version[p];
+        e->valid_until = CL_OPEN_ENDED;
+        memcpy(e->data, D.base + p * D.ps, D.ps);
+        e->next = D.log[p];
+        D.log[p] = e;
+        D.flags[p] |= FL_DIRTY;
+        atomic_store_explicit(&D.state[p], ((uint64_t)D.version[p] << 1) | 1, memory_order_release);
+        ADD(cow_copies, 1);
+        ADD(version_log_bytes, D.ps);
+        ADD(version_log_entries, 1);
+    }
+    D.flags[p] &= ~FL_PROTECTED;
+    write_protect(p, 1, 0); /* also wakes the writer */
+    pthread_mutex_unlock(m);
+    pthread_mutex_unlock(&D.stage);
+}
+
+static void *wp_main(void *arg) {
+    (void)arg;
+    struct pollfd fds[2] = {{D.uffd, POLLIN, 0}, {D.stop_efd, POLLIN, 0}};
+    for (;;) {
+        if (poll(fds, 2, -1) < 0 && errno != EINTR) break;
+        if (fds[1].revents) break;
+        struct uffd_msg msgs[16];
+        ssize_t n = read(D.uffd, msgs, sizeof msgs);
+        if (n <= 0) continue;
+        for (ssize_t i = 0; i < n / (ssize_t)sizeof msgs[0]; i++)
+            if (msgs[i].event == UFFD_EVENT_PAGEFAULT)
+                on_write_fault(msgs[i].arg.pagefault.address);
+    }
+    return NULL;
+}
+
+uint32_t clamor_driver_begin_stage(void) {
+    if (!D.running) return 0;
+    pthread_mutex_lock(&D.stage);
+    clamor_arena_stats as;
+    clamor_arena_get_stats(&as);
+    uint64_t hw = (as.high_water + D.ps - 1) / D.ps;
+    if (hw > D.npages) hw = D.npages;
+    uint32_t E = atomic_load(&D.epoch) + 1;
+    /* Protect first, so no write can slip between sealing and protecting. */
+    for (uint64_t p = 0; p < hw;) {
+        if (D.flags[p] & FL_PROTECTED) { p++; continue; }
+        uint64_t q = p;
+        while (q < hw && !(D.flags[q] & FL_PROTECTED)) q++;
+        write_protect(p, q - p, 1);
+        p = q;
+    }
+    D.ninval = 0;
+    for (uint64_t p = 0; p < hw; p++) {
+        if (D.flags[p] & FL_PROTECTED) continue;
+        pthread_mutex_t *m = cl_stripe(&D.stripes, p);
+        pthread_mutex_lock(m);
+        if ((D.flags[p] & FL_DIRTY) && D.log[p]) D.log[p]->valid_until = E - 1;
+        if (D.holders[p]) {
+            if (D.ninval == D.inval_cap) {
+                D.inval_cap = D.inval_cap ? 2 * D.inval_cap : 1024;
+                D.inval = realloc(D.inval, D.inval_cap * sizeof *D.inval);
+            }
+            D.inval[D.ninval++] = p;
+            D.holders[p] = 0;
+        }
+        D.version[p] = E;
+        D.flags[p] = FL_PROTECTED;
+        atomic_store_explicit(&D.state[p], (uint64_t)E << 1, memory_order_release);
+        pthread_mutex_unlock(m);
+    }
+    ADD(invalidations, D.ninval);
+    atomic_store(&D.epoch, E);
+    D.st.stage_running = 1;
+    pthread_mutex_unlock(&D.stage);
+    return E;
+}
+
+uint64_t clamor_driver_invalidated(uint64_t *out, uint64_t cap) {
+    uint64_t n = D.ninval < cap ? D.ninval : cap;
+    if (out && n) memcpy(out, D.inval, n * sizeof *out);
+    return D.ninval;
+}
+
+void clamor_driver_end_stage(void) { D.st.stage_running = 0; }
+
+/* --------------------------------------------------------- page server -- */
+
+static uint32_t pick_holder(uint64_t set) {
+    int n = __builtin_popcountll(set);
+    uint32_t choice[2];
+    for (int k = 0; k < 2; k++) {
+        int skip = (int)(rnd() % (uint64_t)n);
+        uint64_t s = set;
+        while (skip--) s &= s - 1;
+        choice[k] = (uint32_t)__builtin_ctzll(s);
+    }
+    uint32_t c = D.redirect_load[choice[0]] <= D.redirect_load[choice[1]] ? choice[0] : choice[1];
+    __atomic_fetch_add(&D.redirect_load[c], 1, __ATOMIC_RELAXED);
+    return c;
+}
+
+static uint64_t live_peers(void) {
+    uint64_t set = 0;
+    for (int i = 0; i < CL_MAX_WORKERS; i++)
+        if (D.peers[i].present) set |= 1ull << i;
+    return set;
+}
+
+/* Resolves (page, epoch) to the bytes of the latest version <= epoch. Stripe lock held. */
+static void resolve(uint64_t p, uint32_t E, uint8_t *buf, cl_answer *a) {
+    uint32_t v = D.version[p];
+    a->kind = CL_ANSWER_PAGE;
+    if (v <= E) {
+        const uint8_t *src = (D.flags[p] & FL_DIRTY) ? D.log[p]->data : D.base + p * D.ps;
+        memcpy(buf, src, D.ps);
+        a->version = v;
+        a->valid_until = CL_OPEN_ENDED;
+        return;
+    }
+    uint32_t older_than = v;
+    for (logent *e = D.log[p]; e; e = e->next) {
+        if (e->version <= E) {
+            memcpy(buf, e->data, D.ps);
+            a->version = e->version;
+            a->valid_until = e->valid_until;
+            return;
+        }
+        older_than = e->version;
+    }
+    /* The page was first handed out after epoch E: it was never written then. */
+    memset(buf, 0, D.ps);
+    a->version = 0;
+    a->valid_until = older_than - 1;
+}
+
+static void answer(void *ctx, uint32_t client, const cl_msg *req, uint64_t p, int may_redirect,
+                   uint8_t *buf, cl_answer *a) {
+    (void)ctx;
+    uint32_t E = req->epoch;
+    if (E == 0 || E > atomic_load(&D.epoch)) {
+        a->kind = CL_ANSWER_ERROR;
+        a->error = CL_ERR_NO_VERSION;
+        return;
+    }
+    ADD(requests, 1);
+    pthread_mutex_t *m = cl_stripe(&D.stripes, p);
+    pthread_mutex_lock(m);
+    D.requests[p]++;
+    if (req->aux2 && req->aux2 <= CL_MAX_WORKERS) D.holders[p] &= ~(1ull << (req->aux2 - 1));
+    int worker = client < CL_MAX_WORKERS;
+    if (D.version[p] <= E && may_redirect && D.replication && worker) {
+        uint64_t others = D.holders[p] & ~(1ull << client) & live_peers();
+        if (others) {
+            uint32_t peer_id = pick_holder(others);
+            a->kind = CL_ANSWER_REDIRECT;
+            a->version = D.version[p];
+            a->peer_id = peer_id;
+            a->peer_ip = D.peers[peer_id].ip;
+            a->peer_port = D.peers[peer_id].port;
+            pthread_mutex_unlock(m);
+            ADD(redirects, 1);
+            return;
+        }
+    }
+    resolve(p, E, buf, a);
+    if (worker && a->version == D.version[p]) D.holders[p] |= 1ull << client;
+    D.driver_bytes[p] += D.ps;
+    pthread_mutex_unlock(m);
+}
+
+static void have(void *ctx, uint32_t client, const cl_msg *msg) {
+    (void)ctx;
+    uint64_t p = msg->page;
+    pthread_mutex_t *m = cl_stripe(&D.stripes, p);
+    pthread_mutex_lock(m);
+    if (client < CL_MAX_WORKERS && D.version[p] == msg->epoch) D.holders[p] |= 1ull << client;
+    if (msg->aux == 0) {
+        D.requests[p]++;
+        D.driver_bytes[p] += D.ps;
+        ADD(shm_bytes, D.ps);
+    } else {
+        D.peer_bytes[p] += D.ps;
+        ADD(peer_bytes, D.ps);
+    }
+    pthread_mutex_unlock(m);
+}
+
+/* ----------------------------------------------------------- lifecycle -- */
+
+static void free_tables(void) {
+    if (D.log)
+        for (uint64_t p = 0; p < D.npages; p++)
+            for (logent *e = D.log[p], *next; e; e = next) next = e->next, free(e);
+    free(D.log), free(D.version), free(D.flags), free(D.holders), free(D.requests);
+    free(D.driver_bytes), free(D.peer_bytes), free(D.inval);
+    if (D.state) munmap((void *)D.state, D.npages * sizeof *D.state);
+    if (D.state_fd >= 0) close(D.state_fd);
+    if (D.uffd >= 0) close(D.uffd); /* also lifts every write protection */
+    if (D.stop_efd >= 0) close(D.stop_efd);
+    memset(&D, 0, sizeof D);
+    D.uffd = D.stop_efd = D.state_fd = -1;
+}
+
+int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_len,
+                        const char *bind_host, int port, int replication, char *err, size_t errlen) {
+    if (D.running) return CL_ERR("the driver pager is already running");
+    if (!clamor_arena_exists()) return CL_ERR("the arena does not exist yet");
+    if (!cl_is_pow2(page_size) || page_size < 4096 || page_size > (8u << 20))
+        return CL_ERR("page size %llu is not a power of two between 4 KiB and 8 MiB",
+                      (unsigned long long)page_size);
+    memset(&D, 0, sizeof D);
+    D.uffd = D.stop_efd = D.state_fd = -1;
+    D.base = clamor_arena_base();
+    D.ps = page_size;
+    D.npages = clamor_arena_size() / page_size;
+    D.replication = replication;
+    D.st.page_size = page_size;
+    D.st.num_pages = D.npages;
+    cl_stripes_init(&D.stripes);
+    pthread_mutex_init(&D.stage, NULL);
+    D.version = calloc(D.npages, sizeof *D.version);
+    D.flags = calloc(D.npages, 1);
+    D.holders = calloc(D.npages, sizeof *D.holders);
+    D.requests = calloc(D.npages, sizeof *D.requests);
+    D.driver_bytes = calloc(D.npages, sizeof *D.driver_bytes);
+    D.peer_bytes = calloc(D.npages, sizeof *D.peer_bytes);
+    D.log = calloc(D.npages, sizeof *D.log);
+    if (!D.version || !D.flags || !D.holders || !D.requests || !D.driver_bytes || !D.peer_bytes || !D.log) {
+        free_tables();
+        return CL_ERR("out of memory for the page tables of %llu pages", (unsigned long long)D.npages);
+    }
+    D.state_fd = memfd_create("clamor-page-state", MFD_CLOEXEC);
+    if (D.state_fd < 0 || ftruncate(D.state_fd, (off_t)(D.npages * sizeof *D.state))) {
+        free_tables();
+        return CL_ERR("cannot create the page state table: %s", strerror(errno));
+    }
+    D.state = mmap(NULL, D.npages * sizeof *D.state, PROT_READ | PROT_WRITE, MAP_SHARED, D.state_fd, 0);
+    if (D.state == MAP_FAILED) {
+        D.state = NULL;
+        free_tables();
+        return CL_ERR("cannot map the page state table: %s", strerror(errno));
+    }
+    D.uffd = cl_uffd_open(UFFD_FEATURE_WP_HUGETLBFS_SHMEM | UFFD_FEATURE_WP_UNPOPULATED_, err, errlen);
+    if (D.uffd < 0) D.uffd = cl_uffd_open(UFFD_FEATURE_WP_HUGETLBFS_SHMEM, err, errlen);
+    if (D.uffd < 0 || cl_uffd_register(D.uffd, D.base, D.npages * D.ps, UFFDIO_REGISTER_MODE_WP, err, errlen)) {
+        free_tables();
+        return -1;
+    }
+    D.stop_efd = eventfd(0, EFD_CLOEXEC);
+    if (pthread_create(&D.wp_thread, NULL, wp_main, NULL)) {
+        free_tables();
+        return CL_ERR("cannot start the write-tracking thread");
+    }
+    cl_service svc = {
+        .page_size = D.ps, .num_pages = D.npages, .answer = answer, .have = have,
+        .pages_served = &D.st.pages_served, .bytes_served = &D.st.bytes_served,
+        .auth_failures = &D.st.auth_failures, .bad_requests = &D.st.bad_requests,
+    };
+    D.server = cl_server_start(bind_host, port, token, token_len, &svc, err, errlen);
+    if (!D.server) {
+        uint64_t one = 1;
+        if (write(D.stop_efd, &one, sizeof one) < 0) {}
+        pthread_join(D.wp_thread, NULL);
+        free_tables();
+        return -1;
+    }
+    D.running = 1;
+    return cl_server_port(D.server);
+}
+
+int clamor_driver_port(void) { return D.running ? cl_server_port(D.server) : -1; }
+int clamor_driver_state_fd(void) { return D.running ? D.state_fd : -1; }
+
+void clamor_driver_stop(void) {
+    if (!D.running) return;
+    cl_server_stop(D.server);
+    uint64_t one = 1;
+    if (write(D.stop_efd, &one, sizeof one) < 0) {}
+    pthread_join(D.wp_thread, NULL);
+    free_tables();
+}
+
+int clamor_driver_set_peer(int id, const char *host, int port) {
+    if (id < 0 || id >= CL_MAX_WORKERS) return -1;
+    uint32_t ip;
+    if (cl_resolve(host, &ip)) return -1;
+    D.peers[id] = (peer){ip, (uint32_t)port, 1};
+    return 0;
+}
+
+void clamor_driver_drop_worker(int id) {
+    if (!D.running || id < 0 || id >= CL_MAX_WORKERS) return;
+    D.peers[id].present = 0;
+    uint64_t bit = 1ull << id;
+    for (uint64_t p = 0; p < D.npages; p++)
+        if (D.holders[p] & bit) {
+            pthread_mutex_t *m = cl_stripe(&D.stripes, p);
+            pthread_mutex_lock(m);
+            D.holders[p] &= ~bit;
+            pthread_mutex_unlock(m);
+        }
+}
+
+void clamor_driver_get_stats(clamor_driver_stats *out) {
+    *out = D.st;
+    out->epoch = atomic_load(&D.epoch);
+}
+
+uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests, uint64_t *driver_bytes,
+                                  uint64_t *peer_bytes, uint32_t *holders, uint32_t *version) {
+    if (!D.running || first >= D.npages) return 0;
+    if (n > D.npages - first) n = D.npages - first;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t p = first + i;
+        requests[i] = D.requests[p];
+        driver_bytes[i] = D.driver_bytes[p];
+        peer_bytes[i] = D.peer_bytes[p];
+        holders[i] = (uint32_t)__builtin_popcountll(D.holders[p]);
+        version[i] = D.version[p];
+    }
+    return n;
+}
+
+int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out) {
+    if (!D.running || page >= D.npages) return -CL_ERR_PAGE_RANGE;
+    if (epoch == 0 || epoch > atomic_load(&D.epoch)) return -CL_ERR_NO_VERSION;
+    cl_answer a;
+    pthread_mutex_t *m = cl_stripe(&D.stripes, page);
+    pthread_mutex_lock(m);
+    resolve(page, epoch, out, &a);
+    pthread_mutex_unlock(m);
+    return (int)a.version;
+}

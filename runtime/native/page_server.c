@@ -1,0 +1,219 @@
+/* Native page server shared by the driver and the workers. */
+#include "page_server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define IDLE_TIMEOUT_MS (24 * 3600 * 1000) /* connections are long-lived */
+#define HANDSHAKE_TIMEOUT_MS 5000
+
+typedef struct conn {
+    pthread_t thread;
+    int fd;
+    atomic_int done;
+    struct cl_server *server;
+    struct conn *next;
+} conn;
+
+struct cl_server {
+    int listen_fd, port;
+    uint8_t *token;
+    size_t token_len;
+    cl_service svc;
+    pthread_t acceptor;
+    pthread_mutex_t lock;
+    conn *conns;
+    atomic_int stopping;
+};
+
+static void count(uint64_t *counter, uint64_t n) {
+    if (counter) __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+}
+
+static int send_error(int fd, uint64_t page, uint32_t code) {
+    cl_msg e = cl_make(CL_ERROR, page, 0, code);
+    return cl_send_msg(fd, &e, NULL);
+}
+
+/* Answers one GET (possibly a batch); returns -1 when the connection must close. */
+static int serve_get(cl_server *s, int fd, uint32_t client, const cl_msg *req, uint8_t *buf) {
+    const cl_service *svc = &s->svc;
+    uint64_t n = req->aux ? req->aux : 1;
+    if (req->length != 0 || n > CL_MAX_BATCH) {
+        count(svc->bad_requests, 1);
+        send_error(fd, req->page, CL_ERR_BAD_REQUEST);
+        return -1;
+    }
+    if (req->page >= svc->num_pages || n > svc->num_pages - req->page) {
+        count(svc->bad_requests, 1);
+        return send_error(fd, req->page, CL_ERR_PAGE_RANGE);
+    }
+    int may_redirect = n == 1 && !(req->flags & CL_GET_NO_REDIRECT);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t page = req->page + i;
+        cl_answer a = {0};
+        svc->answer(svc->ctx, client, req, page, may_redirect, buf, &a);
+        if (a.kind == CL_ANSWER_ERROR) {
+            if (a.error == CL_ERR_BAD_REQUEST || a.error == CL_ERR_NO_VERSION) count(svc->bad_requests, 1);
+            return send_error(fd, page, a.error);
+        }
+        if (a.kind == CL_ANSWER_REDIRECT) {
+            cl_msg r = cl_make(CL_REDIRECT, page, a.version, a.peer_id);
+            r.aux2 = a.peer_ip;
+            r.flags = a.peer_port;
+            if (cl_send_msg(fd, &r, NULL)) return -1;
+            continue;
+        }
+        cl_msg p = cl_make(CL_PAGE, page, a.version, a.valid_until);
+        p.length = svc->page_size;
+        if (cl_send_msg(fd, &p, buf)) return -1;
+        count(svc->pages_served, 1);
+        count(svc->bytes_served, svc->page_size);
+    }
+    return 0;
+}
+
+static void *conn_main(void *arg) {
+    conn *c = arg;
+    cl_server *s = c->server;
+    uint32_t client = CL_ANY_CLIENT;
+    cl_set_timeouts(c->fd, HANDSHAKE_TIMEOUT_MS);
+    if (cl_server_handshake(c->fd, s->token, s->token_len, &client)) {
+        if (!atomic_load(&s->stopping)) {
+            struct sockaddr_in sa;
+            socklen_t sl = sizeof sa;
+            char ip[INET_ADDRSTRLEN] = "?";
+            if (getpeername(c->fd, (struct sockaddr *)&sa, &sl) == 0)
+                inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+            cl_log("page server: refused a connection from %s: authentication failed", ip);
+            count(s->svc.auth_failures, 1);
+        }
+        goto out;
+    }
+    cl_set_timeouts(c->fd, IDLE_TIMEOUT_MS);
+    uint8_t *buf = malloc(s->svc.page_size);
+    if (!buf) goto out;
+    for (;;) {
+        cl_msg m;
+        int rc = cl_recv_msg(c->fd, &m);
+        if (rc == -1) break;
+        if (rc == -2) {
+            count(s->svc.bad_requests, 1);
+            send_error(c->fd, 0, CL_ERR_BAD_REQUEST);
+            break;
+        }
+        if (m.type == CL_GET) {
+            if (serve_get(s, c->fd, client, &m, buf)) break;
+        } else if (m.type == CL_HAVE && m.length == 0 && s->svc.have) {
+            if (m.page < s->svc.num_pages) s->svc.have(s->svc.ctx, client, &m);
+            else count(s->svc.bad_requests, 1);
+        } else {
+            count(s->svc.bad_requests, 1);
+            send_error(c->fd, m.page, CL_ERR_BAD_REQUEST);
+            break;
+        }
+    }
+    free(buf);
+out:
+    shutdown(c->fd, SHUT_RDWR);
+    atomic_store(&c->done, 1);
+    return NULL;
+}
+
+/* Joins finished connection threads; with `all`, every thread. Lock held. */
+static void reap(cl_server *s, int all) {
+    conn **pp = &s->conns;
+    while (*pp) {
+        conn *c = *pp;
+        if (all || atomic_load(&c->done)) {
+            if (all) shutdown(c->fd, SHUT_RDWR);
+            pthread_join(c->thread, NULL);
+            close(c->fd);
+            *pp = c->next;
+            free(c);
+        } else {
+            pp = &c->next;
+        }
+    }
+}
+
+static void *accept_main(void *arg) {
+    cl_server *s = arg;
+    for (;;) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (atomic_load(&s->stopping)) {
+            if (fd >= 0) close(fd);
+            break;
+        }
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) {
+                if (errno == EMFILE || errno == ENFILE) usleep(10000);
+                continue;
+            }
+            break;
+        }
+        conn *c = calloc(1, sizeof *c);
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        c->server = s;
+        pthread_mutex_lock(&s->lock);
+        reap(s, 0);
+        if (pthread_create(&c->thread, NULL, conn_main, c)) {
+            close(fd);
+            free(c);
+        } else {
+            c->next = s->conns;
+            s->conns = c;
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
+    return NULL;
+}
+
+cl_server *cl_server_start(const char *host, int port, const uint8_t *token, size_t token_len,
+                           const cl_service *service, char *err, size_t errlen) {
+    cl_server *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->svc = *service;
+    s->token = malloc(token_len ? token_len : 1);
+    memcpy(s->token, token, token_len);
+    s->token_len = token_len;
+    pthread_mutex_init(&s->lock, NULL);
+    s->listen_fd = cl_listen(host, port, &s->port, err, errlen);
+    if (s->listen_fd < 0) goto fail;
+    if (pthread_create(&s->acceptor, NULL, accept_main, s)) {
+        snprintf(err, errlen, "cannot start the page server thread");
+        close(s->listen_fd);
+        goto fail;
+    }
+    return s;
+fail:
+    free(s->token);
+    free(s);
+    return NULL;
+}
+
+int cl_server_port(const cl_server *s) { return s->port; }
+
+void cl_server_stop(cl_server *s) {
+    if (!s) return;
+    atomic_store(&s->stopping, 1);
+    shutdown(s->listen_fd, SHUT_RDWR);
+    pthread_join(s->acceptor, NULL);
+    close(s->listen_fd);
+    pthread_mutex_lock(&s->lock);
+    reap(s, 1);
+    pthread_mutex_unlock(&s->lock);
+    free(s->token);
+    free(s);
+}

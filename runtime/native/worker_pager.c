@@ -1,0 +1,463 @@
+/* The worker pager.
+ *
+ * The arena range is a read-only shared mapping of a private cache memfd,
+ * registered with userfaultfd for MISSING and MINOR faults; a second,
+ * writable alias of the same memfd (not registered) is where fetched pages
+ * land. A touch of a page that is not cached raises a MISSING fault: the
+ * handler thread here (native, never the GIL) fetches (page, epoch) and maps
+ * it with UFFDIO_CONTINUE. At task start every mapping is zapped while the
+ * cache stays, so the first touch of a cached page raises a cheap MINOR
+ * fault: that is how the per-task read set is recorded exactly.
+ *
+ * Fetch order: own cache -> the driver's memfd on this host (seqlock-checked
+ * against the driver's page state table) -> the driver over TCP, which may
+ * REDIRECT to a peer holding the page -> the driver again, NO_REDIRECT, if
+ * that peer fails. A driver that cannot be reached makes the worker exit
+ * with status 70 rather than hang.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "clamor.h"
+#include "page_server.h"
+#include "pager_common.h"
+
+#define EXIT_DRIVER_UNREACHABLE 70
+#define EXIT_PAGE_ERROR 71
+#define DRIVER_TIMEOUT_MS 60000
+#define PEER_TIMEOUT_MS 5000
+#define READAHEAD_BYTES (16u << 20)
+
+static struct {
+    int running, id;
+    uint8_t *ro, *rw;
+    uint64_t size, ps, npages;
+    int cache_fd, uffd;
+    pthread_t thread;
+    uint8_t *token;
+    size_t token_len;
+    uint32_t drv_ip;
+    int drv_port, drv_fd;
+    const uint8_t *shm;
+    const _Atomic uint64_t *shm_state;
+    int peer_fd[CL_MAX_WORKERS];
+    uint32_t peer_ip[CL_MAX_WORKERS], peer_port[CL_MAX_WORKERS];
+    int readahead;
+    uint32_t *cver1;  /* cached version + 1; 0 = not cached */
+    uint32_t *cvalid; /* last epoch the cached bytes are valid for */
+    uint32_t *readmark;
+    cl_stripes stripes;
+    _Atomic uint32_t epoch, task_seq;
+    pthread_mutex_t rs_lock;
+    uint64_t *rs_pages, rs_n, rs_cap;
+    uint32_t *rs_vers;
+    _Atomic uint64_t touched;
+    uint64_t last_missing, ra_window;
+    int run;
+    cl_server *server;
+    clamor_worker_stats st;
+} W;
+
+#define ADD(field, n) __atomic_fetch_add(&W.st.field, (n), __ATOMIC_RELAXED)
+
+static void die(int status, const char *why, uint64_t page) {
+    cl_log("worker %d: %s (page %llu); exiting with status %d", W.id, why,
+           (unsigned long long)page, status);
+    _exit(status);
+}
+
+/* --------------------------------------------------------- cache table -- */
+
+static int cached_for(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
+    pthread_mutex_t *m = cl_stripe(&W.stripes, p);
+    pthread_mutex_lock(m);
+    uint32_t v1 = W.cver1[p];
+    *v = v1 - 1;
+    *hi = W.cvalid[p];
+    pthread_mutex_unlock(m);
+    if (!v1) return -1;
+    return (*v <= E && E <= *hi) ? 1 : 0;
+}
+
+static void install(uint64_t p, uint32_t v, uint32_t hi) {
+    pthread_mutex_t *m = cl_stripe(&W.stripes, p);
+    pthread_mutex_lock(m);
+    if (!W.cver1[p]) ADD(cached_pages, 1);
+    W.cver1[p] = v + 1;
+    W.cvalid[p] = hi;
+    pthread_mutex_unlock(m);
+}
+
+static void evict(uint64_t p) {
+    pthread_mutex_t *m = cl_stripe(&W.stripes, p);
+    pthread_mutex_lock(m);
+    int held = W.cver1[p] != 0;
+    W.cver1[p] = 0;
+    pthread_mutex_unlock(m);
+    if (!held) return;
+    __atomic_fetch_sub(&W.st.cached_pages, 1, __ATOMIC_RELAXED);
+    fallocate(W.cache_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(p * W.ps), (off_t)W.ps);
+}
+
+static void record(uint64_t p, uint32_t v) {
+    uint32_t seq = atomic_load(&W.task_seq);
+    if (W.readmark[p] == seq) return;
+    W.readmark[p] = seq;
+    pthread_mutex_lock(&W.rs_lock);
+    if (W.rs_n == W.rs_cap) {
+        W.rs_cap = W.rs_cap ? 2 * W.rs_cap : 1024;
+        W.rs_pages = realloc(W.rs_pages, W.rs_cap * sizeof *W.rs_pages);
+        W.rs_vers = realloc(W.rs_vers, W.rs_cap * sizeof *W.rs_vers);
+    }
+    W.rs_pages[W.rs_n] = p;
+    W.rs_vers[W.rs_n++] = v;
+    pthread_mutex_unlock(&W.rs_lock);
+}
+
+/* Maps a cached page into the read-only range and wakes its faulting threads. */
+static void map_page(uint64_t p) {
+    struct uffdio_continue c = {.range = {(uint64_t)(uintptr_t)(W.ro + p * W.ps), W.ps}};
+    if (ioctl(W.uffd, UFFDIO_CONTINUE, &c) == 0) return;
+    if (errno != EEXIST) cl_log("worker %d: mapping page %llu failed: %s", W.id, (unsigned long long)p, strerror(errno));
+    struct uffdio_range r = {(uint64_t)(uintptr_t)(W.ro + p * W.ps), W.ps};
+    ioctl(W.uffd, UFFDIO_WAKE, &r);
+}
+
+/* ------------------------------------------------------------ fetching -- */
+
+static int connect_authenticated(uint32_t ip, int port, int timeout_ms) {
+    int fd = cl_connect(ip, port, timeout_ms);
+    if (fd < 0) return -1;
+    if (cl_client_handshake(fd, W.token, W.token_len, (uint32_t)W.id)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void reset_driver(void) {
+    if (W.drv_fd >= 0) close(W.drv_fd);
+    W.drv_fd = -1;
+}
+
+static int driver(uint64_t page) {
+    for (int attempt = 0; W.drv_fd < 0; attempt++) {
+        if (attempt == 10) die(EXIT_DRIVER_UNREACHABLE, "cannot reach the driver's page server", page);
+        if (attempt) usleep(200000u * (unsigned)attempt);
+        W.drv_fd = connect_authenticated(W.drv_ip, W.drv_port, DRIVER_TIMEOUT_MS);
+    }
+    return W.drv_fd;
+}
+
+static void tell_driver(uint64_t p, uint32_t v, uint32_t source) {
+    cl_msg h = cl_make(CL_HAVE, p, v, source);
+    if (cl_send_msg(driver(p), &h, NULL)) reset_driver();
+}
+
+static int recv_page(int fd, const cl_msg *m, uint64_t p) {
+    if (m->type != CL_PAGE || m->page != p || m->length != W.ps) return -1;
+    return cl_recv_all(fd, W.rw + p * W.ps, W.ps);
+}
+
+static int fetch_shm(uint64_t p, uint32_t E, uint32_t *v) {
+    if (!W.shm) return -1;
+    uint64_t s1 = atomic_load_explicit(&W.shm_state[p], memory_order_acquire);
+    if ((s1 & 1) || (s1 >> 1) == 0 || (s1 >> 1) > E) return -1;
+    memcpy(W.rw + p * W.ps, W.shm + p * W.ps, W.ps);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&W.shm_state[p], memory_order_relaxed) != s1) return -1;
+    *v = (uint32_t)(s1 >> 1);
+    return 0;
+}
+
+static int fetch_peer(uint32_t peer, uint32_t ip, uint32_t port, uint64_t p, uint32_t E,
+                      uint32_t *v, uint32_t *hi) {
+    if (peer >= CL_MAX_WORKERS || peer == (uint32_t)W.id) return -1;
+    int *fd = &W.peer_fd[peer];
+    if (*fd >= 0 && (W.peer_ip[peer] != ip || W.peer_port[peer] != port)) close(*fd), *fd = -1;
+    if (*fd < 0) {
+        *fd = connect_authenticated(ip, (int)port, PEER_TIMEOUT_MS);
+        if (*fd < 0) return -1;
+        W.peer_ip[peer] = ip, W.peer_port[peer] = port;
+    }
+    cl_msg g = cl_make(CL_GET, p, E, 1), m;
+    g.flags = CL_GET_NO_REDIRECT;
+    if (cl_send_msg(*fd, &g, NULL) || cl_recv_msg(*fd, &m)) goto broken;
+    if (m.type == CL_ERROR) return -1;
+    if (recv_page(*fd, &m, p)) goto broken;
+    *v = m.epoch, *hi = m.aux;
+    return 0;
+broken:
+    close(*fd), *fd = -1;
+    return -1;
+}
+
+/* Fetches the latest version <= E of page p into its cache slot. */
+static void fetch(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
+    if (fetch_shm(p, E, v) == 0) {
+        *hi = CL_OPEN_ENDED;
+        ADD(from_shm, 1);
+        tell_driver(p, *v, 0);
+        return;
+    }
+    uint32_t failed = 0;
+    for (int io_errors = 0;;) {
+        int fd = driver(p);
+        cl_msg g = cl_make(CL_GET, p, E, 1), m;
+        g.flags = failed ? CL_GET_NO_REDIRECT : 0;
+        g.aux2 = failed;
+        if (cl_send_msg(fd, &g, NULL) || cl_recv_msg(fd, &m)) goto io_error;
+        if (m.type == CL_PAGE) {
+            if (recv_page(fd, &m, p)) goto io_error;
+            *v = m.epoch, *hi = m.aux;
+            ADD(from_driver, 1);
+            return;
+        }
+        if (m.type == CL_REDIRECT && !failed) {
+            ADD(redirects, 1);
+            if (fetch_peer(m.aux, m.aux2, m.flags, p, E, v, hi) == 0) {
+                ADD(from_peers, 1);
+                tell_driver(p, *v, m.aux + 1);
+                return;
+            }
+            ADD(peer_fallbacks, 1);
+            failed = m.aux + 1;
+            continue;
+        }
+        if (m.type == CL_ERROR) {
+            char why[128];
+            snprintf(why, sizeof why, "the driver refused a page at epoch %u: %s", E, cl_error_name(m.aux));
+            die(EXIT_PAGE_ERROR, why, p);
+        }
+    io_error:
+        reset_driver();
+        if (++io_errors == 5) die(EXIT_DRIVER_UNREACHABLE, "lost the connection to the driver", p);
+    }
+}
+
+/* Fetches pages [p, p + n) (none cached) in one request, after a sequential run. */
+static void read_ahead(uint64_t p, uint64_t n, uint32_t E) {
+    if (W.shm) {
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t v;
+            if (fetch_shm(p + i, E, &v)) return;
+            install(p + i, v, CL_OPEN_ENDED);
+            tell_driver(p + i, v, 0);
+            ADD(from_shm, 1), ADD(readahead_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
+        }
+        return;
+    }
+    int fd = driver(p);
+    cl_msg g = cl_make(CL_GET, p, E, (uint32_t)n), m;
+    g.flags = CL_GET_NO_REDIRECT;
+    if (cl_send_msg(fd, &g, NULL)) goto io_error;
+    for (uint64_t i = 0; i < n; i++) {
+        if (cl_recv_msg(fd, &m)) goto io_error;
+        if (m.type == CL_ERROR) return;
+        if (recv_page(fd, &m, p + i)) goto io_error;
+        install(p + i, m.epoch, m.aux);
+        ADD(from_driver, 1), ADD(readahead_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
+    }
+    return;
+io_error:
+    reset_driver(); /* the pages not received are simply fetched on demand */
+}
+
+static void maybe_read_ahead(uint64_t p, uint32_t E) {
+    if (p == W.last_missing + 1) {
+        W.run++;
+    } else {
+        W.run = 0;
+        W.ra_window = 4;
+    }
+    W.last_missing = p;
+    if (!W.readahead || W.run < 2) return;
+    uint64_t max = READAHEAD_BYTES / W.ps;
+    if (max < 1) max = 1;
+    if (max > CL_MAX_BATCH) max = CL_MAX_BATCH;
+    uint64_t n = 0;
+    while (n < W.ra_window && p + 1 + n < W.npages && !W.cver1[p + 1 + n]) n++;
+    if (!n) return;
+    read_ahead(p + 1, n, E);
+    W.last_missing = p + n;
+    W.ra_window = W.ra_window * 2 < max ? W.ra_window * 2 : max;
+}
+
+/* ------------------------------------------------------- fault handler -- */
+
+static void on_fault(uint64_t addr, uint64_t flags) {
+    uint64_t p = (addr - (uint64_t)(uintptr_t)W.ro) / W.ps;
+    if (p >= W.npages) return;
+    uint64_t t = atomic_load(&W.touched);
+    while (p + 1 > t && !atomic_compare_exchange_weak(&W.touched, &t, p + 1)) {}
+    uint32_t E = atomic_load(&W.epoch), v, hi;
+    int state = cached_for(p, E, &v, &hi);
+    if (state == 1) {
+        if (flags & UFFD_PAGEFAULT_FLAG_MINOR) ADD(soft_faults, 1);
+        record(p, v);
+        map_page(p);
+        return;
+    }
+    if (state == 0) evict(p); /* cached, but a different version than this epoch reads */
+    ADD(faults, 1);
+    fetch(p, E, &v, &hi);
+    install(p, v, hi);
+    ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
+    record(p, v);
+    map_page(p);
+    maybe_read_ahead(p, E);
+}
+
+static void *fault_main(void *arg) {
+    (void)arg;
+    struct pollfd pfd = {W.uffd, POLLIN, 0};
+    for (;;) {
+        if (poll(&pfd, 1, -1) < 0 && errno != EINTR) break;
+        struct uffd_msg msgs[16];
+        ssize_t n = read(W.uffd, msgs, sizeof msgs);
+        if (n <= 0) continue;
+        for (ssize_t i = 0; i < n / (ssize_t)sizeof msgs[0]; i++)
+            if (msgs[i].event == UFFD_EVENT_PAGEFAULT)
+                on_fault(msgs[i].arg.pagefault.address, msgs[i].arg.pagefault.flags);
+    }
+    return NULL;
+}
+
+/* --------------------------------------------------------- page server -- */
+
+static void answer(void *ctx, uint32_t client, const cl_msg *req, uint64_t p, int may_redirect,
+                   uint8_t *buf, cl_answer *a) {
+    (void)ctx, (void)client, (void)may_redirect;
+    pthread_mutex_t *m = cl_stripe(&W.stripes, p);
+    pthread_mutex_lock(m);
+    uint32_t v1 = W.cver1[p], hi = W.cvalid[p], E = req->epoch;
+    if (!v1 || v1 - 1 > E || E > hi) {
+        pthread_mutex_unlock(m);
+        a->kind = CL_ANSWER_ERROR;
+        a->error = CL_ERR_NOT_HELD;
+        return;
+    }
+    memcpy(buf, W.rw + p * W.ps, W.ps);
+    pthread_mutex_unlock(m);
+    a->kind = CL_ANSWER_PAGE;
+    a->version = v1 - 1;
+    a->valid_until = hi;
+}
+
+/* ----------------------------------------------------------- interface -- */
+
+static void *map_file(const char *path, uint64_t len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    close(fd);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, const uint8_t *token,
+                        size_t token_len, const char *driver_host, int driver_port,
+                        const char *shm_arena_path, const char *shm_state_path, const char *bind_host,
+                        int readahead, char *err, size_t errlen) {
+    if (W.running) return CL_ERR("the worker pager is already running");
+    if (worker_id < 0 || worker_id >= CL_MAX_WORKERS)
+        return CL_ERR("worker id %d is outside 0..%d", worker_id, CL_MAX_WORKERS - 1);
+    if (!cl_is_pow2(page_size) || page_size < 4096 || page_size > (8u << 20))
+        return CL_ERR("page size %llu is not a power of two between 4 KiB and 8 MiB", (unsigned long long)page_size);
+    if (!arena_size || arena_size % page_size)
+        return CL_ERR("arena size %llu is not a multiple of the page size", (unsigned long long)arena_size);
+    memset(&W, 0, sizeof W);
+    W.id = worker_id, W.size = arena_size, W.ps = page_size, W.npages = arena_size / page_size;
+    W.readahead = readahead, W.drv_fd = -1, W.drv_port = driver_port, W.ra_window = 4;
+    W.last_missing = UINT64_MAX - 1;
+    for (int i = 0; i < CL_MAX_WORKERS; i++) W.peer_fd[i] = -1;
+    W.token = malloc(token_len ? token_len : 1);
+    memcpy(W.token, token, token_len);
+    W.token_len = token_len;
+    cl_stripes_init(&W.stripes);
+    pthread_mutex_init(&W.rs_lock, NULL);
+    if (cl_resolve(driver_host, &W.drv_ip)) return CL_ERR("cannot resolve the driver host %s", driver_host);
+    W.cache_fd = memfd_create("clamor-page-cache", MFD_CLOEXEC);
+    if (W.cache_fd < 0 || ftruncate(W.cache_fd, (off_t)arena_size))
+        return CL_ERR("cannot create the page cache: %s", strerror(errno));
+    W.ro = mmap(NULL, arena_size, PROT_READ, MAP_SHARED | MAP_NORESERVE, W.cache_fd, 0);
+    W.rw = mmap(NULL, arena_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, W.cache_fd, 0);
+    if (W.ro == MAP_FAILED || W.rw == MAP_FAILED)
+        return CL_ERR("cannot reserve %llu bytes for the arena: %s", (unsigned long long)arena_size, strerror(errno));
+    W.cver1 = calloc(W.npages, sizeof *W.cver1);
+    W.cvalid = calloc(W.npages, sizeof *W.cvalid);
+    W.readmark = calloc(W.npages, sizeof *W.readmark);
+    if (!W.cver1 || !W.cvalid || !W.readmark) return CL_ERR("out of memory for the page tables");
+    if (shm_arena_path && *shm_arena_path) {
+        W.shm = map_file(shm_arena_path, arena_size);
+        W.shm_state = map_file(shm_state_path, W.npages * sizeof(uint64_t));
+        if (!W.shm || !W.shm_state)
+            return CL_ERR("cannot map the driver's shared memory (%s): %s", shm_arena_path, strerror(errno));
+    }
+    W.uffd = cl_uffd_open(UFFD_FEATURE_MINOR_SHMEM, err, errlen);
+    if (W.uffd < 0) return -1;
+    if (cl_uffd_register(W.uffd, W.ro, arena_size, UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR, err, errlen))
+        return -1;
+    if (pthread_create(&W.thread, NULL, fault_main, NULL)) return CL_ERR("cannot start the fault handler thread");
+    pthread_detach(W.thread);
+    cl_service svc = {
+        .page_size = W.ps, .num_pages = W.npages, .answer = answer, .have = NULL,
+        .pages_served = &W.st.pages_served, .bytes_served = &W.st.bytes_served,
+        .auth_failures = &W.st.auth_failures, .bad_requests = &W.st.bad_requests,
+    };
+    W.server = cl_server_start(bind_host, 0, token, token_len, &svc, err, errlen);
+    if (!W.server) return -1;
+    W.running = 1;
+    return cl_server_port(W.server);
+}
+
+void *clamor_worker_base(void) { return W.running ? W.ro : NULL; }
+int clamor_worker_port(void) { return W.running ? cl_server_port(W.server) : -1; }
+
+void clamor_worker_begin_task(uint32_t epoch) {
+    atomic_store(&W.epoch, epoch);
+    atomic_fetch_add(&W.task_seq, 1);
+    pthread_mutex_lock(&W.rs_lock);
+    W.rs_n = 0;
+    pthread_mutex_unlock(&W.rs_lock);
+    uint64_t touched = atomic_load(&W.touched);
+    if (touched) madvise(W.ro, touched * W.ps, MADV_DONTNEED); /* cache stays; mappings go */
+}
+
+uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t cap) {
+    pthread_mutex_lock(&W.rs_lock);
+    uint64_t n = W.rs_n, k = n < cap ? n : cap;
+    if (k) {
+        memcpy(pages, W.rs_pages, k * sizeof *pages);
+        memcpy(versions, W.rs_vers, k * sizeof *versions);
+    }
+    pthread_mutex_unlock(&W.rs_lock);
+    return n;
+}
+
+void clamor_worker_invalidate(uint32_t epoch, const uint64_t *pages, uint64_t n) {
+    (void)epoch;
+    for (uint64_t i = 0; i < n; i++)
+        if (pages[i] < W.npages && W.cver1[pages[i]]) {
+            evict(pages[i]);
+            ADD(invalidations, 1);
+        }
+}
+
+void clamor_worker_get_stats(clamor_worker_stats *out) { *out = W.st; }
+
+int clamor_worker_touch(uint64_t offset, uint64_t length) {
+    if (!W.running || offset > W.size || length > W.size - offset) return -1;
+    volatile const uint8_t *ro = W.ro;
+    uint8_t sink = 0;
+    for (uint64_t p = offset / W.ps; length && p * W.ps < offset + length; p++) sink ^= ro[p * W.ps];
+    (void)sink;
+    return 0;
+}

@@ -1,0 +1,173 @@
+"""Serialization of tasks and results between the driver and the workers.
+
+Tasks are pickled with cloudpickle plus one rule (DESIGN 4): a numpy array
+whose buffer lies in the driver's arena travels as an `ArenaRef` (offset,
+shape, dtype, strides) and the worker rebuilds a zero-copy, read-only view
+over its own arena mapping, whose pages fault in on first touch. Objects that
+hold such arrays (sklearn trees, dicts, user classes) therefore ship as a few
+bytes plus references. Arrays smaller than a page travel by value: sending
+them is cheaper than a page fault.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import types
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import cloudpickle
+import numpy as np
+
+from clamor.runtime import arena
+from clamor.runtime.errors import SerializationError
+from clamor.runtime.pager import worker_pager
+from clamor.runtime.transport import check_payload_size
+
+
+class ArenaRef(NamedTuple):
+    """Where an arena array lives: enough to rebuild a view on any process."""
+
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    strides: tuple[int, ...]
+
+
+def arena_ref(x: np.ndarray) -> ArenaRef:
+    """The reference for an arena array (`ValueError` if `x` is not in the arena)."""
+    return ArenaRef(arena.arena_offset(x), x.shape, x.dtype, x.strides)
+
+
+def rebuild(ref: ArenaRef) -> np.ndarray:
+    """The array `ref` names, as seen by this process.
+
+    On a worker: a read-only view of its demand-paged arena. In the driver
+    (e.g. a task unpickled locally): a read-only view of the driver's arena.
+    """
+    pager = worker_pager()
+    if pager is not None:
+        return pager.array(ref.offset, ref.shape, ref.dtype, ref.strides)
+    view = arena.view(ref.offset, ref.shape, ref.dtype, ref.strides)
+    view.flags.writeable = False
+    return view
+
+
+def _rebuild(offset: int, shape: tuple, dtype: np.dtype, strides: tuple) -> np.ndarray:
+    return rebuild(ArenaRef(offset, shape, dtype, strides))
+
+
+def _by_reference(obj: Any) -> bool:
+    return (
+        type(obj) is np.ndarray
+        and not obj.dtype.hasobject
+        and arena.in_arena(obj)  # first: never creates an arena (workers have none)
+        and obj.nbytes >= arena.page_size()
+    )
+
+
+class _Pickler(cloudpickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if _by_reference(obj):
+            return _rebuild, tuple(arena_ref(obj))
+        return super().reducer_override(obj)
+
+
+def dumps(obj: object) -> bytes:
+    """Serialize `obj` (closures included), arena arrays by reference."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+def loads(data: bytes) -> object:
+    """Inverse of `dumps`."""
+    return pickle.loads(data)
+
+
+# --- task payloads: fail at submission, naming the culprit -------------------------
+
+
+def pack_task(fn: Callable, args: tuple = (), kwargs: dict | None = None) -> bytes:
+    """``shipping.dumps((fn, args, kwargs))``, or a :class:`SerializationError` naming the culprit."""
+    kwargs = kwargs or {}
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    try:
+        data = dumps((fn, tuple(args), kwargs))
+    except Exception as exc:
+        culprit = _find_unpicklable(fn, args, kwargs)
+        raise SerializationError(
+            f"cannot ship {name} to a worker: {culprit or 'the task'} cannot be pickled "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    return check_payload_size(data, f"the task {name} with its arguments")
+
+
+def _picklable(obj: object) -> bool:
+    try:
+        dumps(obj)
+        return True
+    except Exception:  # noqa: BLE001 - whatever the pickler raises
+        return False
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _parts(fn: object) -> list[tuple[str, object]]:
+    """The objects a function drags along when pickled by value: captured variables, globals, defaults."""
+    if not isinstance(fn, types.FunctionType):
+        return []
+    name = fn.__qualname__
+    parts = [
+        (f"variable {var!r} captured by {name}", cell.cell_contents)
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())
+        if _cell_filled(cell)
+    ]
+    parts += [
+        (f"global {var!r} used by {name}", fn.__globals__[var])
+        for var in sorted(_global_names(fn.__code__))
+        if var in fn.__globals__
+    ]
+    parts += [(f"a default argument of {name}", d) for d in fn.__defaults__ or ()]
+    parts += [(f"keyword default {k!r} of {name}", v) for k, v in (fn.__kwdefaults__ or {}).items()]
+    return parts
+
+
+def _cell_filled(cell) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def _find_unpicklable(fn: Callable, args: Sequence, kwargs: dict) -> str | None:
+    """Describe the innermost object that fails to pickle, e.g. "variable 'lock' captured by f"."""
+
+    def search(label: str, obj: object, depth: int, seen: set[int]) -> str | None:
+        if id(obj) in seen or _picklable(obj):
+            return None
+        seen.add(id(obj))
+        if depth < 4:
+            for sub_label, sub in _parts(obj):
+                found = search(sub_label, sub, depth + 1, seen)
+                if found:
+                    return found
+        return f"{label} (a {type(obj).__module__}.{type(obj).__qualname__})"
+
+    candidates = [("the function", fn)]
+    candidates += [(f"argument {i}", a) for i, a in enumerate(args)]
+    candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    seen: set[int] = set()
+    for label, obj in candidates:
+        found = search(label, obj, 0, seen)
+        if found:
+            return found
+    return None
