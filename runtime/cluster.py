@@ -319,7 +319,7 @@ class Cluster:
         tasks = []
         for call in calls:
             worker_id, fn, args, *rest = call
-            tasks.append((worker_id, pack_task(fn, args, rest[0] if rest else None)))
+            tasks.append((worker_id, pack_task(fn, args, rest[0] if rest else None, self.page_size or None)))
         with self._stage_lock:
             self._refresh()
             workers = [self._live_worker(worker_id) for worker_id, _ in tasks]

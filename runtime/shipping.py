@@ -58,26 +58,27 @@ def _rebuild(offset: int, shape: tuple, dtype: np.dtype, strides: tuple) -> np.n
     return rebuild(ArenaRef(offset, shape, dtype, strides))
 
 
-def _by_reference(obj: Any) -> bool:
-    return (
-        type(obj) is np.ndarray
-        and not obj.dtype.hasobject
-        and arena.in_arena(obj)  # first: never creates an arena (workers have none)
-        and obj.nbytes >= arena.page_size()
-    )
-
-
 class _Pickler(cloudpickle.Pickler):
+    def __init__(self, file: io.BytesIO, min_ref_bytes: int | None) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.min_ref_bytes = min_ref_bytes
+
     def reducer_override(self, obj: Any) -> Any:
-        if _by_reference(obj):
+        if (
+            type(obj) is np.ndarray
+            and not obj.dtype.hasobject
+            and arena.in_arena(obj)  # first: never creates an arena (workers have none)
+            and obj.nbytes >= (self.min_ref_bytes or arena.page_size())
+        ):
             return _rebuild, tuple(arena_ref(obj))
         return super().reducer_override(obj)
 
 
-def dumps(obj: object) -> bytes:
-    """Serialize `obj` (closures included), arena arrays by reference."""
+def dumps(obj: object, min_ref_bytes: int | None = None) -> bytes:
+    """Serialize `obj` (closures included); arena arrays of at least `min_ref_bytes`
+    (default: the arena's page size; a cluster passes its own) by reference."""
     buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    _Pickler(buf, min_ref_bytes).dump(obj)
     return buf.getvalue()
 
 
@@ -89,12 +90,14 @@ def loads(data: bytes) -> object:
 # --- task payloads: fail at submission, naming the culprit -------------------------
 
 
-def pack_task(fn: Callable, args: tuple = (), kwargs: dict | None = None) -> bytes:
-    """``shipping.dumps((fn, args, kwargs))``, or a :class:`SerializationError` naming the culprit."""
+def pack_task(
+    fn: Callable, args: tuple = (), kwargs: dict | None = None, min_ref_bytes: int | None = None
+) -> bytes:
+    """``dumps((fn, args, kwargs))``, or a :class:`SerializationError` naming the culprit."""
     kwargs = kwargs or {}
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     try:
-        data = dumps((fn, tuple(args), kwargs))
+        data = dumps((fn, tuple(args), kwargs), min_ref_bytes)
     except Exception as exc:
         culprit = _find_unpicklable(fn, args, kwargs)
         raise SerializationError(
