@@ -64,6 +64,11 @@ class DriverPager:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if not token:
             raise ValueError("the page protocol needs a non-empty cluster token")
+        if lib.clamor_driver_port() >= 0:
+            raise PagingError(
+                "the driver pager is already running: another clamor.Cluster shares this "
+                "process's arena; close it first (one paging cluster per process)"
+            )
         arena.get_arena()
         self.page_size = int(page_size or arena.page_size())
         self.arena_size = int(lib.clamor_arena_size())

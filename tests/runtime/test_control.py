@@ -26,6 +26,7 @@ from clamor.runtime.errors import (
     WorkerLostError,
 )
 from clamor.runtime.exitcodes import EXIT_DRIVER_UNREACHABLE
+from clamor.runtime.paging_api import NullDriverPaging
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
 
@@ -78,7 +79,7 @@ def wait_gone(pids, timeout: float) -> list[int]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    with Cluster(2, timeout=30) as c:
+    with Cluster(2, paging=NullDriverPaging(), timeout=30) as c:
         yield c
 
 
@@ -207,7 +208,7 @@ def test_token_files_are_private(tmp_path):
 
 
 def test_lost_workers_raise_worker_lost_error():
-    with Cluster(2, timeout=30) as c:
+    with Cluster(2, paging=NullDriverPaging(), timeout=30) as c:
         pid0 = c.worker_stats()[0]["pid"]
         killer = threading.Timer(1.0, c.kill_worker, (0,))
         killer.start()
@@ -282,7 +283,7 @@ def test_worker_exits_70_when_driver_unreachable(tmp_path):
 
 
 def test_worker_exits_when_parent_process_is_gone(tmp_path):
-    with Cluster(1, timeout=30) as c:
+    with Cluster(1, paging=NullDriverPaging(), timeout=30) as c:
         token_file = transport.write_temp_token_file(c._token, dir=str(tmp_path))
         parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         worker = subprocess.Popen(
@@ -339,7 +340,7 @@ def test_workers_die_with_a_sigkilled_driver(spawned_from):
 
 
 def test_close_leaves_no_child_processes():
-    c = Cluster(2, timeout=30)
+    c = Cluster(2, paging=NullDriverPaging(), timeout=30)
     pids = [w["pid"] for w in c.worker_stats()]
     cmdline = psutil.Process(pids[0]).cmdline()
     token_file = cmdline[cmdline.index("--token-file") + 1]
