@@ -1,13 +1,18 @@
 /* The worker pager.
  *
  * The arena range is a read-only shared mapping of a private cache memfd,
- * registered with userfaultfd for MISSING and MINOR faults; a second,
- * writable alias of the same memfd (not registered) is where fetched pages
- * land. A touch of a page that is not cached raises a MISSING fault: the
+ * registered with userfaultfd for MISSING and MINOR faults; fetched pages
+ * are written into the memfd itself. A touch of a page that is not cached raises a MISSING fault: the
  * handler thread here (native, never the GIL) fetches (page, epoch) and maps
  * it with UFFDIO_CONTINUE. At task start every mapping is zapped while the
  * cache stays, so the first touch of a cached page raises a cheap MINOR
  * fault: that is how the per-task read set is recorded exactly.
+ *
+ * Pages enter the cache through the file, never through a mapping: writing
+ * through a mapping traps once per 4 KiB to allocate and map, which costs
+ * more than the copy itself (bench/paging.py). Same-host pages come with
+ * copy_file_range from the driver's memfd, network pages are received into
+ * a warm buffer and written with pwrite.
  *
  * Fetch order: own cache -> the driver's memfd on this host (seqlock-checked
  * against the driver's page state table) -> the driver over TCP, which may
@@ -38,7 +43,7 @@
 
 static struct {
     int running, id;
-    uint8_t *ro, *rw;
+    uint8_t *ro;
     uint64_t size, ps, npages;
     int cache_fd, uffd;
     pthread_t thread;
@@ -46,8 +51,9 @@ static struct {
     size_t token_len;
     uint32_t drv_ip;
     int drv_port, drv_fd;
-    const uint8_t *shm;
+    int shm_fd;         /* the driver's arena memfd, when on the same host */
     const _Atomic uint64_t *shm_state;
+    uint8_t *buf;       /* one page, warm: network pages land here first */
     int peer_fd[CL_MAX_WORKERS];
     uint32_t peer_ip[CL_MAX_WORKERS], peer_port[CL_MAX_WORKERS];
     int readahead;
@@ -162,16 +168,39 @@ static void tell_driver(uint64_t p, uint32_t v, uint32_t source) {
     if (cl_send_msg(driver(p), &h, NULL)) reset_driver();
 }
 
+static int write_cache(uint64_t p, const uint8_t *src) {
+    for (uint64_t done = 0; done < W.ps;) {
+        ssize_t n = pwrite(W.cache_fd, src + done, W.ps - done, (off_t)(p * W.ps + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        done += (uint64_t)n;
+    }
+    return 0;
+}
+
 static int recv_page(int fd, const cl_msg *m, uint64_t p) {
     if (m->type != CL_PAGE || m->page != p || m->length != W.ps) return -1;
-    return cl_recv_all(fd, W.rw + p * W.ps, W.ps);
+    if (cl_recv_all(fd, W.buf, W.ps)) return -1;
+    if (write_cache(p, W.buf)) die(EXIT_PAGE_ERROR, "cannot write the page cache (out of memory?)", p);
+    return 0;
+}
+
+static int copy_from_driver_memfd(uint64_t p) {
+    loff_t in = (loff_t)(p * W.ps), out = in;
+    for (uint64_t left = W.ps; left;) {
+        ssize_t n = copy_file_range(W.shm_fd, &in, W.cache_fd, &out, left, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        left -= (uint64_t)n;
+    }
+    return 0;
 }
 
 static int fetch_shm(uint64_t p, uint32_t E, uint32_t *v) {
-    if (!W.shm) return -1;
+    if (W.shm_fd < 0) return -1;
     uint64_t s1 = atomic_load_explicit(&W.shm_state[p], memory_order_acquire);
     if ((s1 & 1) || (s1 >> 1) == 0 || (s1 >> 1) > E) return -1;
-    memcpy(W.rw + p * W.ps, W.shm + p * W.ps, W.ps);
+    if (copy_from_driver_memfd(p)) return -1;
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&W.shm_state[p], memory_order_relaxed) != s1) return -1;
     *v = (uint32_t)(s1 >> 1);
@@ -245,7 +274,7 @@ static void fetch(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
 
 /* Fetches pages [p, p + n) (none cached) in one request, after a sequential run. */
 static void read_ahead(uint64_t p, uint64_t n, uint32_t E) {
-    if (W.shm) {
+    if (W.shm_fd >= 0) {
         for (uint64_t i = 0; i < n; i++) {
             uint32_t v;
             if (fetch_shm(p + i, E, &v)) return;
@@ -345,8 +374,13 @@ static void answer(void *ctx, uint32_t client, const cl_msg *req, uint64_t p, in
         a->error = CL_ERR_NOT_HELD;
         return;
     }
-    memcpy(buf, W.rw + p * W.ps, W.ps);
+    ssize_t n = pread(W.cache_fd, buf, W.ps, (off_t)(p * W.ps));
     pthread_mutex_unlock(m);
+    if (n != (ssize_t)W.ps) {
+        a->kind = CL_ANSWER_ERROR;
+        a->error = CL_ERR_NOT_HELD;
+        return;
+    }
     a->kind = CL_ANSWER_PAGE;
     a->version = v1 - 1;
     a->valid_until = hi;
@@ -375,7 +409,7 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
         return CL_ERR("arena size %llu is not a multiple of the page size", (unsigned long long)arena_size);
     memset(&W, 0, sizeof W);
     W.id = worker_id, W.size = arena_size, W.ps = page_size, W.npages = arena_size / page_size;
-    W.readahead = readahead, W.drv_fd = -1, W.drv_port = driver_port, W.ra_window = 4;
+    W.readahead = readahead, W.drv_fd = -1, W.shm_fd = -1, W.drv_port = driver_port, W.ra_window = 4;
     W.last_missing = UINT64_MAX - 1;
     for (int i = 0; i < CL_MAX_WORKERS; i++) W.peer_fd[i] = -1;
     W.token = malloc(token_len ? token_len : 1);
@@ -388,17 +422,19 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
     if (W.cache_fd < 0 || ftruncate(W.cache_fd, (off_t)arena_size))
         return CL_ERR("cannot create the page cache: %s", strerror(errno));
     W.ro = mmap(NULL, arena_size, PROT_READ, MAP_SHARED | MAP_NORESERVE, W.cache_fd, 0);
-    W.rw = mmap(NULL, arena_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, W.cache_fd, 0);
-    if (W.ro == MAP_FAILED || W.rw == MAP_FAILED)
+    if (W.ro == MAP_FAILED)
         return CL_ERR("cannot reserve %llu bytes for the arena: %s", (unsigned long long)arena_size, strerror(errno));
     W.cver1 = calloc(W.npages, sizeof *W.cver1);
     W.cvalid = calloc(W.npages, sizeof *W.cvalid);
     W.readmark = calloc(W.npages, sizeof *W.readmark);
     if (!W.cver1 || !W.cvalid || !W.readmark) return CL_ERR("out of memory for the page tables");
+    W.buf = malloc(page_size);
+    if (!W.buf) return CL_ERR("out of memory for a page buffer");
+    memset(W.buf, 0, page_size); /* warm: received pages never fault here */
     if (shm_arena_path && *shm_arena_path) {
-        W.shm = map_file(shm_arena_path, arena_size);
+        W.shm_fd = open(shm_arena_path, O_RDONLY | O_CLOEXEC);
         W.shm_state = map_file(shm_state_path, W.npages * sizeof(uint64_t));
-        if (!W.shm || !W.shm_state)
+        if (W.shm_fd < 0 || !W.shm_state)
             return CL_ERR("cannot map the driver's shared memory (%s): %s", shm_arena_path, strerror(errno));
     }
     W.uffd = cl_uffd_open(UFFD_FEATURE_MINOR_SHMEM, err, errlen);
