@@ -5,7 +5,15 @@ to them, and workers fetch only the pages they touch. This module is the
 curated public API and nothing else.
 """
 
-from clamor.runtime.arena import array, asarray, configure, empty, empty_like, in_arena, shared
+from clamor.runtime.arena import (
+    array,
+    asarray,
+    configure,
+    empty,
+    empty_like,
+    in_arena,
+    shared,
+)
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.errors import (
     ArenaExhaustedError,

@@ -11,10 +11,10 @@ Data: GeoNames (CC BY 4.0), see notebooks/data/README.md.
 import time
 
 import numpy as np
+from clamor.runtime import geodata
 from sklearn.neighbors import KDTree
 
 import clamor
-from clamor.runtime import geodata
 
 N_POINTS = 2_000_000
 N_QUERIES = 2_000

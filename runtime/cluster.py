@@ -31,7 +31,6 @@ from typing import Any, Self
 import cloudpickle
 import grpc
 from clamor.runtime import arena, shipping
-from clamor.runtime.shipping import pack_task
 from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
 from clamor.runtime.exitcodes import describe_exit
 from clamor.runtime.launcher import LocalLauncher
@@ -39,6 +38,7 @@ from clamor.runtime.pager import DriverPager
 from clamor.runtime.paging_api import DriverPaging
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.shipping import pack_task
 from clamor.runtime.transport import (
     PROTOCOL_VERSION,
     connect,

@@ -14,7 +14,6 @@ import socket
 from typing import Any
 
 import numpy as np
-
 from clamor.runtime import arena
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.native import _native

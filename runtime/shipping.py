@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 import numpy as np
-
 from clamor.runtime import arena
 from clamor.runtime.errors import SerializationError
 from clamor.runtime.pager import worker_pager

@@ -6,11 +6,11 @@ import socket
 
 import numpy as np
 import pytest
-
-import clamor
 from clamor.runtime import arena
 from clamor.runtime import page_client as pc
 from clamor.runtime.pager import DriverPager, PagingError
+
+import clamor
 
 TOKEN = b"the-cluster-secret"
 PAGE = 64 << 10

@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 import pytest
+from clamor.runtime import arena
 
 import clamor
-from clamor.runtime import arena
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 import pytest
+from clamor.runtime import page_client as pc
 
 import clamor
-from clamor.runtime import page_client as pc
 
 pytestmark = pytest.mark.slow
 

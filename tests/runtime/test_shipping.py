@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from clamor.runtime import arena, geodata, shipping
 from sklearn.neighbors import KDTree
 
 import clamor
-from clamor.runtime import arena, geodata, shipping
 
 PAGE = arena.page_size()
 
