@@ -9,12 +9,16 @@ EXIT_DRIVER_UNREACHABLE = 70
 EXIT_DRIVER_REFUSED = 71
 #: The worker could not set itself up (e.g. its paging factory failed).
 EXIT_SETUP_FAILED = 72
+#: The fault handler could not get a page (the driver refused it, or the page cache is full).
+#: Declared in C too (api.h, CLAMOR_EXIT_PAGE_ERROR); a test checks they agree.
+EXIT_PAGE_ERROR = 73
 
 _NAMES = {
     EXIT_OK: "clean shutdown",
     EXIT_DRIVER_UNREACHABLE: "driver unreachable",
     EXIT_DRIVER_REFUSED: "refused by the driver",
     EXIT_SETUP_FAILED: "worker set-up failed",
+    EXIT_PAGE_ERROR: "a page could not be fetched",
 }
 
 

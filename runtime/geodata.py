@@ -48,7 +48,7 @@ def scaled_points(n: int, seed: int = 0, km: float = 3.0, country: str = "US") -
     """`n` points around real places, in Morton order (float64, shape (n, 2))."""
     places = load_places(country)
     rng = np.random.default_rng(seed)
-    # Larger places (earlier rows are not ranked, so draw uniformly) get points in proportion.
+    # The base set has no populations, so every place is equally likely to be a centre.
     centre = places[rng.integers(0, len(places), size=n)]
     jitter = rng.normal(scale=km / 111.0, size=(n, 2))
     points = centre + jitter

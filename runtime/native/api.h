@@ -82,6 +82,13 @@ uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests
                                   uint32_t *holders, uint32_t *version);
 int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out);
 
+/* Exit statuses of a worker whose fault handler cannot go on (the faulting
+ * thread cannot be given an exception); runtime/exitcodes.py names them. */
+enum {
+    CLAMOR_EXIT_DRIVER_UNREACHABLE = 70,
+    CLAMOR_EXIT_PAGE_ERROR = 73
+};
+
 /* ----------------------------------------------------------- worker pager --
  * The reserved arena range, the userfaultfd handler thread that fetches and
  * installs pages read-only, per-task read sets, and the worker's page server. */

@@ -102,6 +102,15 @@ def test_read_version_rejects_bad_pages_and_epochs(pager):
         pager.read_version(0, 10**6)
 
 
+def test_native_exit_codes_match_the_python_names():
+    from clamor.runtime import exitcodes
+    from clamor.runtime.native import _native
+
+    assert _native.lib.CLAMOR_EXIT_DRIVER_UNREACHABLE == exitcodes.EXIT_DRIVER_UNREACHABLE
+    assert _native.lib.CLAMOR_EXIT_PAGE_ERROR == exitcodes.EXIT_PAGE_ERROR
+    assert "page" in exitcodes.describe_exit(exitcodes.EXIT_PAGE_ERROR)
+
+
 def test_only_one_driver_pager_per_process(pager):
     with pytest.raises(PagingError, match="already running"):
         DriverPager(page_size=PAGE, token=TOKEN)
