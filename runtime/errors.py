@@ -54,3 +54,15 @@ class WorkerLostError(ClamorError):
 
 class SerializationError(ClamorError, TypeError):
     """A task, its arguments or its result cannot be serialized (nothing was sent)."""
+
+
+class MissingPartitionError(ClamorError):
+    """A task needs partitions that no live worker holds (their holder was lost)."""
+
+    def __init__(self, keys: list) -> None:
+        shown = ", ".join(repr(k) for k in keys[:5]) + (" ..." if len(keys) > 5 else "")
+        super().__init__(f"{len(keys)} partition(s) are held by no live worker: {shown}")
+        self.keys = list(keys)
+
+    def __reduce__(self):
+        return (type(self), (self.keys,))

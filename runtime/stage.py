@@ -1,0 +1,158 @@
+"""What a stage is, shared by the datasets, the scheduler and the workers.
+
+A *stage* (DESIGN 5) is one ``program`` run once per :class:`TaskSpec`, on
+workers, between two barriers. The dataset layer (runtime/dataset.py) builds
+stages; the scheduler state machine (runtime/scheduler.py) places their tasks;
+the executor (runtime/executor.py) runs them on worker processes::
+
+    stage = StageSpec(program, [TaskSpec(0, inputs=(k0,)), TaskSpec(1, inputs=(k1,))])
+    values = cluster.execute(stage)       # one value per task, in index order
+
+On the worker, ``program(ctx)`` gets a :class:`TaskContext`: its task's
+``index``, its ``inputs`` (partitions fetched from this worker's store, a peer
+or the driver, on first use) and ``put`` to keep more partitions here. The
+returned value is kept under ``TaskSpec.output`` (if set) and sent back to
+the driver (if ``TaskSpec.reply``).
+
+Partitions are named by :data:`PartitionKey`: any small hashable, picklable
+tuple, e.g. ``("ds", 7, 3)`` for partition 3 of dataset 7.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, Protocol
+
+#: Names a partition held by a worker (or by the driver, see :data:`DRIVER`).
+PartitionKey = Hashable
+
+#: The holder id of partitions kept by the driver (fetched by workers through
+#: the Scheduler's ``FetchPartition``), e.g. the data given to ``parallelize``.
+DRIVER = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task of a stage.
+
+    ``index``: its position in the stage (results come back in index order, and
+    ``(stage, index)`` is the task's logical id: accumulator updates merge once
+    per logical id, whatever the retries). ``inputs``: the partitions it reads,
+    which the scheduler locates (and prefers to run the task where they are).
+    ``output``: keep the result on the worker under this key. ``reply``: send
+    the result to the driver. ``worker``: run on this worker only.
+    """
+
+    index: int
+    inputs: tuple[PartitionKey, ...] = ()
+    output: PartitionKey | None = None
+    reply: bool = True
+    worker: int | None = None
+
+
+@dataclasses.dataclass
+class StageSpec:
+    """A stage: ``program(ctx)`` once per task. ``epoch``: replay at an older arena epoch."""
+
+    program: Callable[[TaskContext], Any]
+    tasks: list[TaskSpec]
+    epoch: int | None = None
+    name: str = ""
+
+
+class TaskContext:
+    """The running task, as its program sees it (on a worker, or in-process for tests).
+
+    ``fetch(key)`` is how the executor gets an input partition; ``store(key,
+    value)`` keeps a partition on this worker.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        inputs: tuple[PartitionKey, ...],
+        fetch: Callable[[PartitionKey], Any],
+        store: Callable[[PartitionKey, Any], int],
+    ) -> None:
+        self.index = index
+        self.input_keys = inputs
+        self._fetch = fetch
+        self._store = store
+        #: Partitions kept by :meth:`put`: ``key -> size in bytes`` (reported to the driver).
+        self.outputs: dict[PartitionKey, int] = {}
+        #: Accumulator updates: ``accumulator id -> [(index, values), ...]``.
+        self.accumulator_updates: dict[int, list[tuple[Any, Any]]] = {}
+
+    def input(self, key: PartitionKey) -> Any:
+        """The value of input partition ``key`` (must be one of ``input_keys``)."""
+        if key not in self.input_keys:
+            raise KeyError(f"partition {key!r} is not an input of this task")
+        return self._fetch(key)
+
+    def inputs(self) -> list[Any]:
+        """The values of all input partitions, in ``input_keys`` order."""
+        return [self._fetch(k) for k in self.input_keys]
+
+    def put(self, key: PartitionKey, value: Any) -> None:
+        """Keep ``value`` as partition ``key`` on this worker (e.g. a shuffle bucket)."""
+        self.outputs[key] = self._store(key, value)
+
+    def accumulate(self, accumulator_id: int, index: Any, values: Any) -> None:
+        """Record an accumulator update; merged in the driver at the stage's barrier."""
+        self.accumulator_updates.setdefault(accumulator_id, []).append((index, values))
+
+
+_current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
+    "clamor_task", default=None
+)
+
+
+def current_task() -> TaskContext | None:
+    """The task running in this thread, or ``None`` outside tasks."""
+    return _current.get()
+
+
+def run_program(program: Callable[[TaskContext], Any], ctx: TaskContext) -> Any:
+    """Run ``program(ctx)`` with ``ctx`` as the current task."""
+    token = _current.set(ctx)
+    try:
+        return program(ctx)
+    finally:
+        _current.reset(token)
+
+
+class StageRunner(Protocol):
+    """What the dataset layer needs from a cluster (``Cluster``; ``InlineRunner`` in tests).
+
+    ``execute`` runs a stage to its barrier and returns the ``reply`` values in task
+    index order (``None`` for tasks with ``reply=False``); it merges the tasks'
+    accumulator updates once per task index (:func:`clamor.runtime.accumulators.merge`)
+    and raises the first task error (same exception type, remote traceback attached),
+    :class:`~clamor.runtime.errors.WorkerLostError`, or
+    :class:`~clamor.runtime.errors.MissingPartitionError` for an input nobody holds.
+    """
+
+    def execute(self, stage: StageSpec) -> list[Any]: ...
+
+    def fetch(self, key: PartitionKey) -> Any:
+        """The value of a partition, brought to the driver (in chunks)."""
+        ...
+
+    def put(self, key: PartitionKey, value: Any) -> None:
+        """Keep ``value`` in the driver as partition ``key`` (holder :data:`DRIVER`)."""
+        ...
+
+    def drop(self, keys: Iterable[PartitionKey]) -> None:
+        """Forget partitions wherever they are held (unknown keys are ignored)."""
+        ...
+
+    def holder(self, key: PartitionKey) -> int | None:
+        """The worker (or :data:`DRIVER`) holding ``key``; ``None`` if nobody does."""
+        ...
+
+    @property
+    def workers(self) -> list[int]:
+        """Ids of the live workers."""
+        ...
