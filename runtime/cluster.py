@@ -1,49 +1,47 @@
-"""The driver's side of the control plane: run functions on worker processes.
+"""The driver's side of the control plane: worker processes and their lifecycle.
 
 :class:`Cluster` starts the ``Scheduler`` gRPC service and local worker
-processes, and runs *stages*: sets of tasks, each a function call on a given
-worker, between two barriers (DESIGN.md section 5). For every stage::
-
-    epoch, pages = paging.begin_stage()
-    if pages: Invalidate(epoch, pages) on every live worker
-    RunTask(task_id, epoch or the caller's older epoch, payload) on each task's worker
-    paging.end_stage()                                   # in a finally
-
-A task's exception is re-raised in the driver as the same type, with the remote
-traceback attached; a worker that dies during a stage raises
-:class:`~clamor.runtime.errors.WorkerLostError`. Either way the stage's other
-tasks finish first and the cluster stays usable.
+processes, tracks which are alive (process exit, failed calls, missed
+heartbeats for remote ones) and runs stages through its
+:class:`~clamor.runtime.executor.Executor` (DESIGN.md section 5): ``execute``
+for stages built by datasets, ``run`` / ``run_stage`` for plain function calls
+on given workers. A task's exception is re-raised in the driver as the same
+type, with the remote traceback attached; a worker that dies during a stage
+raises :class:`~clamor.runtime.errors.WorkerLostError`. Either way the cluster
+stays usable.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import os
 import pickle
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Self
 
 import cloudpickle
 import grpc
 from clamor.runtime import arena, shipping
-from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
+from clamor.runtime.errors import ClamorError, WorkerLostError
+from clamor.runtime.executor import Executor
 from clamor.runtime.exitcodes import describe_exit
 from clamor.runtime.launcher import LocalLauncher
 from clamor.runtime.pager import DriverPager
 from clamor.runtime.paging_api import DriverPaging
+from clamor.runtime.partitions import decode_key
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.shipping import pack_task
+from clamor.runtime.stage import PartitionKey, StageSpec, TaskContext, TaskSpec
+from clamor.runtime.throttle import Throttle
 from clamor.runtime.transport import (
     PROTOCOL_VERSION,
     connect,
     create_server,
-    decode_exception,
     new_token,
 )
 
@@ -76,11 +74,15 @@ class _Worker:
     last_heartbeat: float = dataclasses.field(default_factory=time.monotonic)
 
 
-@dataclasses.dataclass
-class _Outcome:
-    value: Any = None
-    error: BaseException | None = None
-    read_set: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+class _CallTable:
+    """The program of a ``run_stage``: task ``i`` runs the ``i``-th pickled call."""
+
+    def __init__(self, payloads: list[bytes]) -> None:
+        self.payloads = payloads
+
+    def __call__(self, ctx: TaskContext) -> Any:
+        fn, args, kwargs = shipping.loads(self.payloads[ctx.index])
+        return fn(*args, **kwargs)
 
 
 class _SchedulerServicer(pb_grpc.SchedulerServicer):
@@ -105,12 +107,30 @@ class _SchedulerServicer(pb_grpc.SchedulerServicer):
     def Heartbeat(self, request, context):
         return pb.HeartbeatReply(ok=self._get(context)._on_heartbeat(request.worker_id))
 
+    def TaskFinished(self, request, context):
+        self._get(context)._executor.task_finished(request.worker_id, request.reports)
+        return pb.TaskFinishedReply()
+
+    def FetchPartition(self, request, context):
+        cluster = self._get(context)
+        key = decode_key(request.key)
+        if key not in cluster._executor.driver_store:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"the driver holds no partition {key!r}")
+        return cluster._executor.driver_chunks(key)
+
 
 def _shutdown(
-    server: grpc.Server, launcher: LocalLauncher, channels: list, paging: DriverPaging
+    server: grpc.Server,
+    launcher: LocalLauncher,
+    channels: list,
+    paging: DriverPaging,
+    executor: Executor,
+    throttle: Throttle,
 ) -> None:
     """Kill the workers still running, stop the scheduler. Also run at exit / on collection."""
     try:
+        throttle.close()
+        executor.close()
         launcher.close(timeout=0)
     finally:
         for channel in channels:
@@ -148,7 +168,6 @@ class Cluster:
         if n < 1:
             raise ValueError(f"a cluster needs at least one worker, got {n}")
         self.host = host
-        self.last_read_sets: list[list[tuple[int, int]]] = []
         self._token = new_token()
         self._paging: DriverPaging = paging if paging is not None else DriverPager(
             page_size=page_size,
@@ -159,14 +178,18 @@ class Cluster:
             readahead=readahead,
         )
         self._cond = threading.Condition()
-        self._stage_lock = threading.Lock()
         self._workers: dict[int, _Worker] = {}
         self._channels: list[grpc.Channel] = []
         self._next_id = n
-        self._task_ids = itertools.count(1)
-        self._stages_run = 0
-        self._tasks_run = 0
         self._closed = False
+        self._throttle = Throttle()
+        me = weakref.ref(self)  # the executor's thread must not keep the cluster alive
+        self._executor = Executor(
+            self._paging,
+            poll=lambda: (c := me()) and c._refresh(),
+            unreachable=lambda w, why: (c := me()) and c._on_unreachable(w, why),
+            min_ref_bytes=lambda: (c := me()) and (c.page_size or None),
+        )
 
         self._server, self.address = create_server(
             self._token,
@@ -176,7 +199,14 @@ class Cluster:
         )
         self._launcher = LocalLauncher(self.address, self._token, host=host, log_dir=log_dir)
         self._finalizer = weakref.finalize(
-            self, _shutdown, self._server, self._launcher, self._channels, self._paging
+            self,
+            _shutdown,
+            self._server,
+            self._launcher,
+            self._channels,
+            self._paging,
+            self._executor,
+            self._throttle,
         )
         try:
             self._launcher.start(range(n))
@@ -217,9 +247,22 @@ class Cluster:
     def _on_ready(self, worker_id: int, info: dict) -> None:
         self._paging.worker_ready(worker_id, info)
         with self._cond:
-            self._workers[worker_id].info = info
-            self._workers[worker_id].ready = True
+            worker = self._workers[worker_id]
+            worker.info = info
+            worker.ready = True
             self._cond.notify_all()
+        self._executor.worker_added(worker_id, worker.stub, worker.address)
+
+    def _on_unreachable(self, worker_id: int, details: str) -> None:
+        """A call to a worker failed: find out how it ended (off the calling thread)."""
+        worker = self._workers.get(worker_id)
+        if worker is None or worker.lost is not None or self._closed:
+            return
+        threading.Thread(
+            target=lambda: self._mark_lost(worker, f"{details}; {self._how_lost(worker)}"),
+            name="clamor-lost",
+            daemon=True,
+        ).start()
 
     def _on_heartbeat(self, worker_id: int) -> bool:
         with self._cond:
@@ -279,10 +322,12 @@ class Cluster:
             first = worker.lost is None
             if first:
                 worker.lost = how
+        error = WorkerLostError(worker.id, worker.lost)
         if first:
             logger.warning("worker %d lost: %s", worker.id, how)
             self._paging.worker_lost(worker.id)
-        return WorkerLostError(worker.id, worker.lost)
+            self._executor.worker_lost(worker.id, error)
+        return error
 
     def _refresh(self) -> None:
         """Mark local workers whose process has exited as lost."""
@@ -302,6 +347,20 @@ class Cluster:
 
     # --- stages ---
 
+    def execute(self, stage: StageSpec) -> list[Any]:
+        """Run ``stage`` on the workers to its barrier; the ``reply`` values in index order.
+
+        The :class:`~clamor.runtime.stage.StageRunner` entry point used by datasets.
+        A task's exception is raised here as the same type (remote traceback
+        attached) and the stage's other attempts are cancelled; a lost worker
+        raises :class:`WorkerLostError`. The cluster stays usable either way.
+        """
+        self._check_open()
+        for task in stage.tasks:
+            if task.worker is not None:
+                self._live_worker(task.worker)
+        return self._executor.execute(stage, lambda: self.workers)
+
     def run(
         self, fn: Callable, *args: Any, worker: int = 0, epoch: int | None = None, **kwargs: Any
     ) -> Any:
@@ -309,112 +368,38 @@ class Cluster:
         return self.run_stage([(worker, fn, args, kwargs)], epoch=epoch)[0]
 
     def run_stage(self, calls: Sequence[Call], epoch: int | None = None) -> list:
-        """Run ``(worker, fn, args[, kwargs])`` calls concurrently as one stage; results in order.
+        """Run ``(worker, fn, args[, kwargs])`` calls as one stage; results in call order.
 
         ``epoch``: run the tasks at this older epoch (a replay) instead of the new one.
-        Every task is pickled before anything is sent. If tasks fail, the first failure
-        in call order is raised once all tasks have finished or failed.
+        Every call is pickled before anything is sent; the first failure is raised.
         """
         self._check_open()
-        tasks = []
-        for call in calls:
-            worker_id, fn, args, *rest = call
-            tasks.append((worker_id, pack_task(fn, args, rest[0] if rest else None, self.page_size or None)))
-        with self._stage_lock:
-            self._refresh()
-            workers = [self._live_worker(worker_id) for worker_id, _ in tasks]
-            stage_epoch, pages = self._paging.begin_stage()
-            self._stages_run += 1
-            try:
-                if pages:
-                    self._invalidate(stage_epoch, list(pages))
-                task_epoch = stage_epoch if epoch is None else epoch
-                outcomes = self._run_tasks(workers, [p for _, p in tasks], task_epoch)
-            finally:
-                self._paging.end_stage()
-        self.last_read_sets = [o.read_set for o in outcomes]
-        for outcome in outcomes:
-            if outcome.error is not None:
-                raise outcome.error
-        return [o.value for o in outcomes]
+        payloads, tasks = [], []
+        for i, (worker_id, fn, args, *rest) in enumerate(calls):
+            payloads.append(pack_task(fn, args, rest[0] if rest else None, self.page_size or None))
+            tasks.append(TaskSpec(i, worker=worker_id))
+        return self.execute(StageSpec(_CallTable(payloads), tasks, epoch=epoch))
 
-    def _invalidate(self, epoch: int, pages: list[int]) -> None:
-        """Invalidate ``pages`` on every live worker; a worker that fails to is lost (and killed)."""
-        with self._cond:
-            live = [w for w in self._workers.values() if w.ready and w.lost is None]
-        request = pb.InvalidateRequest(epoch=epoch, pages=pages)
-        calls = [(w, w.stub.Invalidate.future(request, timeout=60)) for w in live]
-        for worker, future in calls:
-            try:
-                future.result()
-            except grpc.RpcError as exc:
-                self._mark_lost(worker, f"invalidation failed: {self._how_lost(worker, exc)}")
+    @property
+    def last_read_sets(self) -> list[list[tuple[int, int]]]:
+        """The ``(page, version)`` read set of each task of the last stage, in index order."""
+        return self._executor.last_read_sets
 
-    def _run_tasks(
-        self, workers: list[_Worker], payloads: list[bytes], epoch: int
-    ) -> list[_Outcome]:
-        outcomes: list[_Outcome | None] = [None] * len(payloads)
-        wake = threading.Event()
-        pending = {}
-        for i, (worker, payload) in enumerate(zip(workers, payloads)):
-            if worker.lost is not None:  # lost during invalidation
-                outcomes[i] = _Outcome(error=WorkerLostError(worker.id, worker.lost))
-                continue
-            request = pb.RunTaskRequest(task_id=next(self._task_ids), epoch=epoch, payload=payload)
-            future = worker.stub.RunTask.future(request)
-            future.add_done_callback(lambda _: wake.set())
-            pending[i] = (worker, future)
-        while pending:
-            wake.wait(POLL_INTERVAL)
-            wake.clear()
-            for i, (worker, future) in list(pending.items()):
-                if future.done():
-                    outcomes[i] = self._outcome(worker, future)
-                elif worker.lost is not None or not self._process_alive(worker):
-                    future.cancel()
-                    outcomes[i] = _Outcome(
-                        error=self._mark_lost(worker, worker.lost or self._how_lost(worker))
-                    )
-                else:
-                    continue
-                del pending[i]
-        return outcomes  # type: ignore[return-value]
+    def fetch(self, key: PartitionKey) -> Any:
+        """Bring partition ``key`` to the driver (in chunks) from its holder."""
+        return self._executor.fetch(key)
 
-    def _outcome(self, worker: _Worker, future) -> _Outcome:
-        try:
-            reply = future.result()
-        except grpc.FutureCancelledError:
-            return _Outcome(error=self._mark_lost(worker, worker.lost or "task cancelled"))
-        except grpc.RpcError as exc:
-            if exc.code() in (
-                grpc.StatusCode.UNAVAILABLE,
-                grpc.StatusCode.CANCELLED,
-            ) or not self._process_alive(worker):
-                return _Outcome(
-                    error=self._mark_lost(worker, worker.lost or self._how_lost(worker, exc))
-                )
-            return _Outcome(
-                error=ClamorError(
-                    f"RunTask on worker {worker.id} failed: {exc.code().name}: {exc.details()}"
-                )
-            )
-        with self._cond:
-            self._tasks_run += 1
-        read_set = [(pv.page, pv.version) for pv in reply.read_set]
-        if reply.status != pb.OK:
-            error = decode_exception(
-                reply.error, reply.traceback, reply.error_type, reply.error_message
-            )
-            return _Outcome(error=error, read_set=read_set)
-        try:
-            return _Outcome(value=shipping.loads(reply.result), read_set=read_set)
-        except Exception as exc:  # noqa: BLE001 - whatever the unpickler raises
-            error = SerializationError(
-                f"the result of a task on worker {worker.id} cannot be unpickled in the driver: "
-                f"{type(exc).__name__}: {exc}"
-            )
-            error.__cause__ = exc
-            return _Outcome(error=error, read_set=read_set)
+    def put(self, key: PartitionKey, value: Any) -> None:
+        """Keep ``value`` in the driver as partition ``key``; workers fetch it on use."""
+        self._executor.put(key, value)
+
+    def drop(self, keys: Iterable[PartitionKey]) -> None:
+        """Free partitions wherever they are held; unknown keys are ignored."""
+        self._executor.drop(keys)
+
+    def holder(self, key: PartitionKey) -> int | None:
+        """The worker (or ``DRIVER``) holding partition ``key``; ``None`` if nobody does."""
+        return self._executor.holder(key)
 
     # --- inspection and faults ---
 
@@ -460,9 +445,9 @@ class Cluster:
         worker totals (``pages_fetched``, ``faults``) and ``workers`` (:meth:`worker_stats`)."""
         stats = dict(self._paging.stats())
         workers = self.worker_stats()
-        with self._cond:
-            stats.update(stages_run=self._stages_run, tasks_run=self._tasks_run)
+        stats.update(stages_run=self._executor.stages_run, tasks_run=self._executor.tasks_run)
         stats.update(tasks_recomputed=0, tasks_speculated=0)  # no recovery or speculation yet
+        stats["scheduler"] = self._executor.snapshot()
         for key in ("pages_fetched", "faults"):
             stats[key] = sum(w.get(key, 0) for w in workers)
         stats["workers"] = workers
@@ -504,6 +489,13 @@ class Cluster:
         code = self._launcher.kill(worker_id)
         self._mark_lost(worker, f"pid {worker.pid} {describe_exit(code)} (kill_worker)")
 
+    def slow_worker(self, worker_id: int, factor: float) -> None:
+        """Make a worker's process run ``factor`` times slower (CPU duty cycle; 1 restores it)."""
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.local:
+            raise ValueError(f"worker {worker_id} was not started by this cluster")
+        self._throttle.set(worker.pid, factor)
+
     # --- lifetime ---
 
     def _check_open(self) -> None:
@@ -517,6 +509,7 @@ class Cluster:
                 return
             self._closed = True
             live = [w for w in self._workers.values() if w.lost is None]
+        self._throttle.close()
         futures = [w.stub.Shutdown.future(pb.ShutdownRequest(), timeout=2) for w in live]
         for future in futures:
             try:

@@ -227,6 +227,12 @@ class WorkerPager:
         """A read-only, zero-copy view of arena bytes at `offset` (pages fault in on touch)."""
         return np.ndarray(shape, dtype=dtype, buffer=self._bytes, offset=offset, strides=strides)
 
+    def contains(self, x: np.ndarray) -> bool:
+        """Whether ``x``'s data lies in this worker's arena mapping."""
+        start = self._bytes.__array_interface__["data"][0]
+        addr = x.__array_interface__["data"][0]
+        return start <= addr < start + self.arena_size
+
     def touch(self, offset: int, length: int) -> None:
         """Fault in [offset, offset + length) now, e.g. before handing it to a system call."""
         if lib.clamor_worker_touch(offset, length):

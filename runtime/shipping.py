@@ -106,6 +106,20 @@ def pack_task(
     return check_payload_size(data, f"the task {name} with its arguments")
 
 
+def pack_program(program: object, min_ref_bytes: int | None = None) -> bytes:
+    """``dumps(program)`` for a stage, or a :class:`SerializationError` naming the culprit."""
+    try:
+        data = dumps(program, min_ref_bytes)
+    except Exception as exc:
+        name = getattr(program, "__qualname__", None) or type(program).__qualname__
+        culprit = _find_unpicklable(program, (), {})
+        raise SerializationError(
+            f"cannot ship {name} to the workers: {culprit or 'the stage'} cannot be pickled "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    return check_payload_size(data, "the stage's program")
+
+
 def _picklable(obj: object) -> bool:
     try:
         dumps(obj)
@@ -123,9 +137,16 @@ def _global_names(code: types.CodeType) -> set[str]:
 
 
 def _parts(fn: object) -> list[tuple[str, object]]:
-    """The objects a function drags along when pickled by value: captured variables, globals, defaults."""
+    """The objects a function drags along when pickled by value: captured variables, globals,
+    defaults; the items of a list, tuple or dict; the attributes of another object."""
+    if isinstance(fn, list | tuple):
+        return [(f"item {i} of a {type(fn).__name__}", x) for i, x in enumerate(fn)]
+    if isinstance(fn, dict):
+        return [(f"value {k!r} of a dict", v) for k, v in fn.items()]
     if not isinstance(fn, types.FunctionType):
-        return []
+        attrs = getattr(fn, "__dict__", None)
+        owner = type(fn).__qualname__
+        return [(f"attribute {k!r} of a {owner}", v) for k, v in (attrs or {}).items()]
     name = fn.__qualname__
     parts = [
         (f"variable {var!r} captured by {name}", cell.cell_contents)
@@ -157,7 +178,7 @@ def _find_unpicklable(fn: Callable, args: Sequence, kwargs: dict) -> str | None:
         if id(obj) in seen or _picklable(obj):
             return None
         seen.add(id(obj))
-        if depth < 4:
+        if depth < 6:
             for sub_label, sub in _parts(obj):
                 found = search(sub_label, sub, depth + 1, seen)
                 if found:

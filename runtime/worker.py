@@ -27,25 +27,23 @@ import time
 
 import grpc
 import psutil
-from clamor.runtime import shipping
-from clamor.runtime.errors import SerializationError
 from clamor.runtime.exitcodes import (
     EXIT_DRIVER_REFUSED,
     EXIT_DRIVER_UNREACHABLE,
     EXIT_OK,
     EXIT_SETUP_FAILED,
 )
-from clamor.runtime.paging_api import NullWorkerPaging, WorkerPaging, load_factory
+from clamor.runtime.paging_api import NullWorkerPaging, load_factory
+from clamor.runtime.partitions import PartitionStore, decode_key
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.transport import (
-    check_payload_size,
     connect,
     create_server,
-    encode_exception,
     read_token_file,
     split_address,
 )
+from clamor.runtime.worker_executor import WorkerExecutor
 
 logger = logging.getLogger("clamor.worker")
 
@@ -66,71 +64,59 @@ def _die(code: int, message: str) -> None:
 
 
 class WorkerServicer(pb_grpc.WorkerServicer):
-    """The ``Worker`` service. Tasks run on the calling gRPC thread, one at a time."""
+    """The ``Worker`` service; tasks are handed to the :class:`WorkerExecutor`."""
 
     def __init__(self) -> None:
-        self.worker_id: int | None = None
-        self.paging: WorkerPaging | None = None
-        self.tasks_run = 0
+        self.executor: WorkerExecutor | None = None
+        self.store = PartitionStore()
         self.shutdown_requested = threading.Event()
-        self._task_lock = threading.Lock()
 
-    def _ready_paging(self, context) -> WorkerPaging:
-        if self.paging is None:
+    def _ready(self, context) -> WorkerExecutor:
+        if self.executor is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "worker is not ready yet")
-        return self.paging
+        return self.executor
 
-    def RunTask(self, request, context):
-        paging = self._ready_paging(context)
-        with self._task_lock:
-            start = time.perf_counter()
-            reply = pb.RunTaskReply(status=pb.OK)
-            read_set: list[tuple[int, int]] = []
-            try:
-                paging.begin_task(request.epoch)
-                try:
-                    fn, args, kwargs = shipping.loads(request.payload)
-                    value = fn(*args, **kwargs)
-                    reply.result = _dump_result(value)
-                finally:
-                    read_set = paging.end_task()
-            except BaseException as exc:  # noqa: BLE001 - everything goes back to the driver
-                reply = pb.RunTaskReply(status=pb.ERROR, **encode_exception(exc))
-            reply.read_set.extend(pb.PageVersion(page=p, version=v) for p, v in read_set)
-            reply.duration = time.perf_counter() - start
-            self.tasks_run += 1
-            return reply
+    def Launch(self, request, context):
+        self._ready(context).launch(request)
+        return pb.LaunchReply()
+
+    def Cancel(self, request, context):
+        self._ready(context).cancel(list(request.attempt_ids), request.forget_stage)
+        return pb.CancelReply()
 
     def Invalidate(self, request, context):
-        paging = self._ready_paging(context)
-        with self._task_lock:  # never under a running task
-            paging.invalidate(request.epoch, list(request.pages))
+        executor = self._ready(context)
+        pages = list(request.pages)
+        executor.exclusive(lambda: executor.paging.invalidate(request.epoch, pages), timeout=50)
         return pb.InvalidateReply()
 
+    def GetPartition(self, request, context):
+        key = decode_key(request.key)
+        if key not in self.store:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"partition {key!r} is not held here")
+        return self.store.chunks(key)
+
+    def DropPartitions(self, request, context):
+        self.store.drop(decode_key(k) for k in request.keys)
+        return pb.DropReply()
+
     def Stats(self, request, context):
-        paging = self._ready_paging(context)
+        executor = self._ready(context)
         stats = {
-            "id": self.worker_id,
+            "id": executor.worker_id,
             "pid": os.getpid(),
-            "tasks_run": self.tasks_run,
+            "tasks_run": executor.tasks_run,
+            "tasks_queued": executor.queued,
+            "partitions": len(self.store),
+            "partition_bytes": self.store.nbytes(),
             "rss_bytes": psutil.Process().memory_info().rss,
         }
-        stats.update(paging.stats())
+        stats.update(executor.paging.stats())
         return pb.StatsReply(stats=pickle.dumps(stats))
 
     def Shutdown(self, request, context):
         self.shutdown_requested.set()
         return pb.ShutdownReply()
-
-
-def _dump_result(value: object) -> bytes:
-    try:
-        data = shipping.dumps(value)
-    except Exception as exc:
-        raise SerializationError(
-            f"the task's result (a {type(value).__qualname__}) cannot be pickled: {exc}"
-        ) from exc
-    return check_payload_size(data, "the task's result")
 
 
 def _local_host_towards(driver_host: str) -> str:
@@ -290,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             EXIT_SETUP_FAILED,
             f"worker {worker_id}: paging set-up failed: {type(exc).__name__}: {exc}",
         )
-    servicer.worker_id, servicer.paging = worker_id, paging
+    servicer.executor = WorkerExecutor(worker_id, paging, scheduler, token, servicer.store)
     try:
         scheduler.Ready(pb.ReadyRequest(worker_id=worker_id, info=info), timeout=30)
     except grpc.RpcError as exc:

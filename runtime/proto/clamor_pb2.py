@@ -14,15 +14,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!clamor/runtime/proto/clamor.proto\x12\tclamor.v1\"=\n\x0fRegisterRequest\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"2\n\rRegisterReply\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0e\n\x06\x63onfig\x18\x02 \x01(\x0c\"/\n\x0cReadyRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0c\n\x04info\x18\x02 \x01(\x0c\"\x0c\n\nReadyReply\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\"\x1c\n\x0eHeartbeatReply\x12\n\n\x02ok\x18\x01 \x01(\x08\"A\n\x0eRunTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\",\n\x0bPageVersion\x12\x0c\n\x04page\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\"\xce\x01\n\x0cRunTaskReply\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.clamor.v1.TaskStatus\x12\x0e\n\x06result\x18\x02 \x01(\x0c\x12\r\n\x05\x65rror\x18\x03 \x01(\x0c\x12\x11\n\ttraceback\x18\x04 \x01(\t\x12\x12\n\nerror_type\x18\x05 \x01(\t\x12\x15\n\rerror_message\x18\x06 \x01(\t\x12(\n\x08read_set\x18\x07 \x03(\x0b\x32\x16.clamor.v1.PageVersion\x12\x10\n\x08\x64uration\x18\x08 \x01(\x01\"1\n\x11InvalidateRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05pages\x18\x02 \x03(\x04\"\x11\n\x0fInvalidateReply\"\x0e\n\x0cStatsRequest\"\x1b\n\nStatsReply\x12\r\n\x05stats\x18\x01 \x01(\x0c\"\x11\n\x0fShutdownRequest\"\x0f\n\rShutdownReply*<\n\nTaskStatus\x12\x1b\n\x17TASK_STATUS_UNSPECIFIED\x10\x00\x12\x06\n\x02OK\x10\x01\x12\t\n\x05\x45RROR\x10\x02\x32\xcb\x01\n\tScheduler\x12@\n\x08Register\x12\x1a.clamor.v1.RegisterRequest\x1a\x18.clamor.v1.RegisterReply\x12\x37\n\x05Ready\x12\x17.clamor.v1.ReadyRequest\x1a\x15.clamor.v1.ReadyReply\x12\x43\n\tHeartbeat\x12\x1b.clamor.v1.HeartbeatRequest\x1a\x19.clamor.v1.HeartbeatReply2\x8a\x02\n\x06Worker\x12=\n\x07RunTask\x12\x19.clamor.v1.RunTaskRequest\x1a\x17.clamor.v1.RunTaskReply\x12\x46\n\nInvalidate\x12\x1c.clamor.v1.InvalidateRequest\x1a\x1a.clamor.v1.InvalidateReply\x12\x37\n\x05Stats\x12\x17.clamor.v1.StatsRequest\x1a\x15.clamor.v1.StatsReply\x12@\n\x08Shutdown\x12\x1a.clamor.v1.ShutdownRequest\x1a\x18.clamor.v1.ShutdownReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!clamor/runtime/proto/clamor.proto\x12\tclamor.v1\"=\n\x0fRegisterRequest\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"2\n\rRegisterReply\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0e\n\x06\x63onfig\x18\x02 \x01(\x0c\"/\n\x0cReadyRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0c\n\x04info\x18\x02 \x01(\x0c\"\x0c\n\nReadyReply\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\"\x1c\n\x0eHeartbeatReply\x12\n\n\x02ok\x18\x01 \x01(\x08\",\n\x0bPageVersion\x12\x0c\n\x04page\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\",\n\rPartitionInfo\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\"\xc2\x02\n\nTaskReport\x12\x12\n\nattempt_id\x18\x01 \x01(\x04\x12%\n\x06status\x18\x02 \x01(\x0e\x32\x15.clamor.v1.TaskStatus\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\x11\n\tvalue_key\x18\x04 \x01(\x0c\x12)\n\x07outputs\x18\x05 \x03(\x0b\x32\x18.clamor.v1.PartitionInfo\x12\x14\n\x0c\x61\x63\x63umulators\x18\x06 \x01(\x0c\x12(\n\x08read_set\x18\x07 \x03(\x0b\x32\x16.clamor.v1.PageVersion\x12\x10\n\x08\x64uration\x18\x08 \x01(\x01\x12\r\n\x05\x65rror\x18\t \x01(\x0c\x12\x11\n\ttraceback\x18\n \x01(\t\x12\x12\n\nerror_type\x18\x0b \x01(\t\x12\x15\n\rerror_message\x18\x0c \x01(\t\x12\r\n\x05index\x18\r \x01(\r\"P\n\x13TaskFinishedRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12&\n\x07reports\x18\x02 \x03(\x0b\x32\x15.clamor.v1.TaskReport\"\x13\n\x11TaskFinishedReply\"\x1f\n\x10PartitionRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"$\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05total\x18\x02 \x01(\x04\"=\n\rInputLocation\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06holder\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"x\n\nAssignment\x12\x12\n\nattempt_id\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12(\n\x06inputs\x18\x03 \x03(\x0b\x32\x18.clamor.v1.InputLocation\x12\x0e\n\x06output\x18\x04 \x01(\x0c\x12\r\n\x05reply\x18\x05 \x01(\x08\"j\n\rLaunchRequest\x12\x10\n\x08stage_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0f\n\x07program\x18\x03 \x01(\x0c\x12\'\n\x08\x61ttempts\x18\x04 \x03(\x0b\x32\x15.clamor.v1.Assignment\"\r\n\x0bLaunchReply\":\n\rCancelRequest\x12\x13\n\x0b\x61ttempt_ids\x18\x01 \x03(\x04\x12\x14\n\x0c\x66orget_stage\x18\x02 \x01(\x04\"\r\n\x0b\x43\x61ncelReply\"\x1b\n\x0b\x44ropRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"\x0b\n\tDropReply\"1\n\x11InvalidateRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05pages\x18\x02 \x03(\x04\"\x11\n\x0fInvalidateReply\"\x0e\n\x0cStatsRequest\"\x1b\n\nStatsReply\x12\r\n\x05stats\x18\x01 \x01(\x0c\"\x11\n\x0fShutdownRequest\"\x0f\n\rShutdownReply*<\n\nTaskStatus\x12\x1b\n\x17TASK_STATUS_UNSPECIFIED\x10\x00\x12\x06\n\x02OK\x10\x01\x12\t\n\x05\x45RROR\x10\x02\x32\xdc\x02\n\tScheduler\x12@\n\x08Register\x12\x1a.clamor.v1.RegisterRequest\x1a\x18.clamor.v1.RegisterReply\x12\x37\n\x05Ready\x12\x17.clamor.v1.ReadyRequest\x1a\x15.clamor.v1.ReadyReply\x12\x43\n\tHeartbeat\x12\x1b.clamor.v1.HeartbeatRequest\x1a\x19.clamor.v1.HeartbeatReply\x12L\n\x0cTaskFinished\x12\x1e.clamor.v1.TaskFinishedRequest\x1a\x1c.clamor.v1.TaskFinishedReply\x12\x41\n\x0e\x46\x65tchPartition\x12\x1b.clamor.v1.PartitionRequest\x1a\x10.clamor.v1.Chunk0\x01\x32\xc4\x03\n\x06Worker\x12:\n\x06Launch\x12\x18.clamor.v1.LaunchRequest\x1a\x16.clamor.v1.LaunchReply\x12:\n\x06\x43\x61ncel\x12\x18.clamor.v1.CancelRequest\x1a\x16.clamor.v1.CancelReply\x12\x46\n\nInvalidate\x12\x1c.clamor.v1.InvalidateRequest\x1a\x1a.clamor.v1.InvalidateReply\x12?\n\x0cGetPartition\x12\x1b.clamor.v1.PartitionRequest\x1a\x10.clamor.v1.Chunk0\x01\x12>\n\x0e\x44ropPartitions\x12\x16.clamor.v1.DropRequest\x1a\x14.clamor.v1.DropReply\x12\x37\n\x05Stats\x12\x17.clamor.v1.StatsRequest\x1a\x15.clamor.v1.StatsReply\x12@\n\x08Shutdown\x12\x1a.clamor.v1.ShutdownRequest\x1a\x18.clamor.v1.ShutdownReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'clamor.runtime.proto.clamor_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_TASKSTATUS']._serialized_start=768
-  _globals['_TASKSTATUS']._serialized_end=828
+  _globals['_TASKSTATUS']._serialized_start=1462
+  _globals['_TASKSTATUS']._serialized_end=1522
   _globals['_REGISTERREQUEST']._serialized_start=48
   _globals['_REGISTERREQUEST']._serialized_end=109
   _globals['_REGISTERREPLY']._serialized_start=111
@@ -35,26 +35,50 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_HEARTBEATREQUEST']._serialized_end=263
   _globals['_HEARTBEATREPLY']._serialized_start=265
   _globals['_HEARTBEATREPLY']._serialized_end=293
-  _globals['_RUNTASKREQUEST']._serialized_start=295
-  _globals['_RUNTASKREQUEST']._serialized_end=360
-  _globals['_PAGEVERSION']._serialized_start=362
-  _globals['_PAGEVERSION']._serialized_end=406
-  _globals['_RUNTASKREPLY']._serialized_start=409
-  _globals['_RUNTASKREPLY']._serialized_end=615
-  _globals['_INVALIDATEREQUEST']._serialized_start=617
-  _globals['_INVALIDATEREQUEST']._serialized_end=666
-  _globals['_INVALIDATEREPLY']._serialized_start=668
-  _globals['_INVALIDATEREPLY']._serialized_end=685
-  _globals['_STATSREQUEST']._serialized_start=687
-  _globals['_STATSREQUEST']._serialized_end=701
-  _globals['_STATSREPLY']._serialized_start=703
-  _globals['_STATSREPLY']._serialized_end=730
-  _globals['_SHUTDOWNREQUEST']._serialized_start=732
-  _globals['_SHUTDOWNREQUEST']._serialized_end=749
-  _globals['_SHUTDOWNREPLY']._serialized_start=751
-  _globals['_SHUTDOWNREPLY']._serialized_end=766
-  _globals['_SCHEDULER']._serialized_start=831
-  _globals['_SCHEDULER']._serialized_end=1034
-  _globals['_WORKER']._serialized_start=1037
-  _globals['_WORKER']._serialized_end=1303
+  _globals['_PAGEVERSION']._serialized_start=295
+  _globals['_PAGEVERSION']._serialized_end=339
+  _globals['_PARTITIONINFO']._serialized_start=341
+  _globals['_PARTITIONINFO']._serialized_end=385
+  _globals['_TASKREPORT']._serialized_start=388
+  _globals['_TASKREPORT']._serialized_end=710
+  _globals['_TASKFINISHEDREQUEST']._serialized_start=712
+  _globals['_TASKFINISHEDREQUEST']._serialized_end=792
+  _globals['_TASKFINISHEDREPLY']._serialized_start=794
+  _globals['_TASKFINISHEDREPLY']._serialized_end=813
+  _globals['_PARTITIONREQUEST']._serialized_start=815
+  _globals['_PARTITIONREQUEST']._serialized_end=846
+  _globals['_CHUNK']._serialized_start=848
+  _globals['_CHUNK']._serialized_end=884
+  _globals['_INPUTLOCATION']._serialized_start=886
+  _globals['_INPUTLOCATION']._serialized_end=947
+  _globals['_ASSIGNMENT']._serialized_start=949
+  _globals['_ASSIGNMENT']._serialized_end=1069
+  _globals['_LAUNCHREQUEST']._serialized_start=1071
+  _globals['_LAUNCHREQUEST']._serialized_end=1177
+  _globals['_LAUNCHREPLY']._serialized_start=1179
+  _globals['_LAUNCHREPLY']._serialized_end=1192
+  _globals['_CANCELREQUEST']._serialized_start=1194
+  _globals['_CANCELREQUEST']._serialized_end=1252
+  _globals['_CANCELREPLY']._serialized_start=1254
+  _globals['_CANCELREPLY']._serialized_end=1267
+  _globals['_DROPREQUEST']._serialized_start=1269
+  _globals['_DROPREQUEST']._serialized_end=1296
+  _globals['_DROPREPLY']._serialized_start=1298
+  _globals['_DROPREPLY']._serialized_end=1309
+  _globals['_INVALIDATEREQUEST']._serialized_start=1311
+  _globals['_INVALIDATEREQUEST']._serialized_end=1360
+  _globals['_INVALIDATEREPLY']._serialized_start=1362
+  _globals['_INVALIDATEREPLY']._serialized_end=1379
+  _globals['_STATSREQUEST']._serialized_start=1381
+  _globals['_STATSREQUEST']._serialized_end=1395
+  _globals['_STATSREPLY']._serialized_start=1397
+  _globals['_STATSREPLY']._serialized_end=1424
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1426
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1443
+  _globals['_SHUTDOWNREPLY']._serialized_start=1445
+  _globals['_SHUTDOWNREPLY']._serialized_end=1460
+  _globals['_SCHEDULER']._serialized_start=1525
+  _globals['_SCHEDULER']._serialized_end=1873
+  _globals['_WORKER']._serialized_start=1876
+  _globals['_WORKER']._serialized_end=2328
 # @@protoc_insertion_point(module_scope)

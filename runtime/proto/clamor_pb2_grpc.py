@@ -31,6 +31,16 @@ class SchedulerStub(object):
                 request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.HeartbeatReply.FromString,
                 )
+        self.TaskFinished = channel.unary_unary(
+                '/clamor.v1.Scheduler/TaskFinished',
+                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.TaskFinishedRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.TaskFinishedReply.FromString,
+                )
+        self.FetchPartition = channel.unary_stream(
+                '/clamor.v1.Scheduler/FetchPartition',
+                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
+                )
 
 
 class SchedulerServicer(object):
@@ -56,6 +66,21 @@ class SchedulerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TaskFinished(self, request, context):
+        """Results of finished attempts, batched: a worker sends what has finished
+        since its last call, with at most one call in flight.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchPartition(self, request, context):
+        """Partitions held by the driver (e.g. data given to parallelize), in chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +98,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.HeartbeatRequest.FromString,
                     response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'TaskFinished': grpc.unary_unary_rpc_method_handler(
+                    servicer.TaskFinished,
+                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.TaskFinishedRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.TaskFinishedReply.SerializeToString,
+            ),
+            'FetchPartition': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchPartition,
+                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -137,10 +172,44 @@ class Scheduler(object):
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
+    @staticmethod
+    def TaskFinished(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Scheduler/TaskFinished',
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.TaskFinishedRequest.SerializeToString,
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.TaskFinishedReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def FetchPartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/clamor.v1.Scheduler/FetchPartition',
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
 
 class WorkerStub(object):
     """------------------------------------------------------------------- Worker
-    Served by each worker; called by the driver.
+    Served by each worker; called by the driver (and by peers: GetPartition).
     """
 
     def __init__(self, channel):
@@ -149,15 +218,30 @@ class WorkerStub(object):
         Args:
             channel: A grpc.Channel.
         """
-        self.RunTask = channel.unary_unary(
-                '/clamor.v1.Worker/RunTask',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.RunTaskRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.RunTaskReply.FromString,
+        self.Launch = channel.unary_unary(
+                '/clamor.v1.Worker/Launch',
+                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.LaunchRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.LaunchReply.FromString,
+                )
+        self.Cancel = channel.unary_unary(
+                '/clamor.v1.Worker/Cancel',
+                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.CancelRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.CancelReply.FromString,
                 )
         self.Invalidate = channel.unary_unary(
                 '/clamor.v1.Worker/Invalidate',
                 request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.InvalidateRequest.SerializeToString,
                 response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.InvalidateReply.FromString,
+                )
+        self.GetPartition = channel.unary_stream(
+                '/clamor.v1.Worker/GetPartition',
+                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
+                )
+        self.DropPartitions = channel.unary_unary(
+                '/clamor.v1.Worker/DropPartitions',
+                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.DropRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.DropReply.FromString,
                 )
         self.Stats = channel.unary_unary(
                 '/clamor.v1.Worker/Stats',
@@ -173,16 +257,35 @@ class WorkerStub(object):
 
 class WorkerServicer(object):
     """------------------------------------------------------------------- Worker
-    Served by each worker; called by the driver.
+    Served by each worker; called by the driver (and by peers: GetPartition).
     """
 
-    def RunTask(self, request, context):
+    def Launch(self, request, context):
+        """Queue attempts; returns at once. Results come back through TaskFinished.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cancel(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Invalidate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPartition(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropPartitions(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -203,15 +306,30 @@ class WorkerServicer(object):
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'RunTask': grpc.unary_unary_rpc_method_handler(
-                    servicer.RunTask,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.RunTaskRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.RunTaskReply.SerializeToString,
+            'Launch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Launch,
+                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.LaunchRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.LaunchReply.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.CancelRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.CancelReply.SerializeToString,
             ),
             'Invalidate': grpc.unary_unary_rpc_method_handler(
                     servicer.Invalidate,
                     request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.InvalidateRequest.FromString,
                     response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.InvalidateReply.SerializeToString,
+            ),
+            'GetPartition': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetPartition,
+                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
+            ),
+            'DropPartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropPartitions,
+                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.DropRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.DropReply.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -232,11 +350,11 @@ def add_WorkerServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Worker(object):
     """------------------------------------------------------------------- Worker
-    Served by each worker; called by the driver.
+    Served by each worker; called by the driver (and by peers: GetPartition).
     """
 
     @staticmethod
-    def RunTask(request,
+    def Launch(request,
             target,
             options=(),
             channel_credentials=None,
@@ -246,9 +364,26 @@ class Worker(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/RunTask',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.RunTaskRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.RunTaskReply.FromString,
+        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/Launch',
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.LaunchRequest.SerializeToString,
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.LaunchReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/Cancel',
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.CancelRequest.SerializeToString,
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.CancelReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -266,6 +401,40 @@ class Worker(object):
         return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/Invalidate',
             clamor_dot_runtime_dot_proto_dot_clamor__pb2.InvalidateRequest.SerializeToString,
             clamor_dot_runtime_dot_proto_dot_clamor__pb2.InvalidateReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetPartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/clamor.v1.Worker/GetPartition',
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DropPartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/DropPartitions',
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.DropRequest.SerializeToString,
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.DropReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

@@ -1,0 +1,388 @@
+"""The driver's thin loop around the scheduler state machine.
+
+Events (a stage submitted, tasks finished, a worker lost, partitions dropped)
+are queued to one thread, which feeds them to
+:class:`~clamor.runtime.scheduler.SchedulerState` and carries out the
+instructions it returns: ``Launch`` and ``Cancel`` become gRPC calls to
+workers, ``StageDone`` / ``StageFailed`` resolve the waiting caller. All
+scheduling decisions live in the state machine; this module only does I/O.
+
+:meth:`Executor.execute` runs one stage inside the paging protocol
+(``paging_api``): a new epoch, page invalidations on every worker, the tasks,
+then ``end_stage``; the stage's accumulator updates are merged at its barrier,
+once per task index.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import grpc
+from clamor.runtime import shipping
+from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
+from clamor.runtime.paging_api import DriverPaging
+from clamor.runtime.partitions import (
+    PartitionStore,
+    decode_key,
+    encode_key,
+    join_chunks,
+)
+from clamor.runtime.proto import clamor_pb2 as pb
+from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.scheduler import (
+    Cancel,
+    Drop,
+    Launch,
+    PartitionsLost,
+    SchedulerState,
+    StageDone,
+    StageFailed,
+    TaskResult,
+)
+from clamor.runtime.stage import DRIVER, PartitionKey, StageSpec
+from clamor.runtime.transport import decode_exception
+
+logger = logging.getLogger("clamor.executor")
+
+#: How often a waiting stage checks that its workers are still alive.
+POLL_INTERVAL = 0.1
+
+
+@dataclasses.dataclass
+class _StageRun:
+    program: bytes
+    epoch: int
+    future: concurrent.futures.Future
+    sent_to: set[int] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    """A task result too large to travel inline: it waits on ``worker`` under ``key``."""
+
+    worker: int
+    key: PartitionKey
+
+
+@dataclasses.dataclass
+class _Endpoint:
+    stub: pb_grpc.WorkerStub
+    address: str
+
+
+class Executor:
+    """Runs stages on the workers it is told about.
+
+    ``paging``: the driver pager (stage protocol). ``poll``: called while a stage
+    waits, to detect lost workers. ``unreachable(worker, error)``: a call to a
+    worker failed; the owner decides whether it is lost (and then calls
+    :meth:`worker_lost`). ``min_ref_bytes``: arena arrays at least this large
+    travel by reference.
+    """
+
+    def __init__(
+        self,
+        paging: DriverPaging,
+        *,
+        poll: Callable[[], None],
+        unreachable: Callable[[int, str], None],
+        min_ref_bytes: Callable[[], int | None],
+        window: int = 32,
+    ) -> None:
+        self._paging = paging
+        self._poll = poll
+        self._unreachable = unreachable
+        self._min_ref_bytes = min_ref_bytes
+        self._state = SchedulerState(window=window)
+        self._events: queue.SimpleQueue[Callable[[SchedulerState], list] | None] = (
+            queue.SimpleQueue()
+        )
+        self._endpoints: dict[int, _Endpoint] = {}
+        self._stages: dict[int, _StageRun] = {}
+        self._stage_ids = itertools.count(1)
+        self._stage_lock = threading.Lock()
+        self.driver_store = PartitionStore()
+        self.stages_run = 0
+        self.tasks_run = 0
+        self.last_read_sets: list[list[tuple[int, int]]] = []
+        self._thread = threading.Thread(target=self._loop, name="clamor-scheduler", daemon=True)
+        self._thread.start()
+
+    # --- events ---
+
+    def _post(self, event: Callable[[SchedulerState], list]) -> None:
+        self._events.put(event)
+
+    def _loop(self) -> None:
+        """Run events; those already queued are taken together so that their launches
+        to one worker go in one call (a batch of finished tasks refills in one go)."""
+        while True:
+            events = [self._events.get()]
+            while not self._events.empty() and len(events) < 1024:
+                events.append(self._events.get())
+            launches: dict[int, list] = {}
+            for event in events:
+                if event is None:
+                    return
+                try:
+                    for instruction in event(self._state):
+                        if isinstance(instruction, Launch):
+                            launches.setdefault(instruction.worker, []).extend(instruction.attempts)
+                            continue
+                        self._flush(launches)
+                        self._carry_out(instruction)
+                except Exception:
+                    logger.exception("scheduler event failed")
+            self._flush(launches)
+
+    def _flush(self, launches: dict[int, list]) -> None:
+        for worker, attempts in launches.items():
+            self._launch(Launch(worker, tuple(attempts)))
+        launches.clear()
+
+    def worker_added(self, worker: int, stub: pb_grpc.WorkerStub, address: str) -> None:
+        self._endpoints[worker] = _Endpoint(stub, address)
+        self._post(lambda s: s.worker_added(worker))
+
+    def worker_lost(self, worker: int, error: WorkerLostError) -> None:
+        self._post(lambda s: s.worker_lost(worker, error))
+
+    def task_finished(self, worker: int, reports: Iterable[pb.TaskReport]) -> None:
+        """The Scheduler's ``TaskFinished``: decode each report into an event."""
+        for report in reports:
+            self.tasks_run += 1
+            if report.status == pb.OK:
+                try:
+                    result = self._decode_result(worker, report)
+                except Exception as exc:  # noqa: BLE001 - whatever the unpickler raises
+                    error = SerializationError(
+                        f"the result of a task on worker {worker} cannot be unpickled in the "
+                        f"driver: {type(exc).__name__}: {exc}"
+                    )
+                    self._post(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e))
+                else:
+                    self._post(lambda s, r=result: s.task_finished(worker, r))
+            else:
+                error = decode_exception(
+                    report.error, report.traceback, report.error_type, report.error_message
+                )
+                self._post(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e))
+
+    @staticmethod
+    def _decode_result(worker: int, report: pb.TaskReport) -> TaskResult:
+        if report.value_key:
+            value: Any = _Kept(worker, decode_key(report.value_key))
+        else:
+            value = shipping.loads(report.value) if report.value else None
+        return TaskResult(
+            index=report.index,
+            worker=worker,
+            attempt=report.attempt_id,
+            value=value,
+            outputs={decode_key(o.key): o.nbytes for o in report.outputs},
+            accumulator_updates=report.accumulators or {},
+            read_set=tuple((pv.page, pv.version) for pv in report.read_set),
+            duration=report.duration,
+        )
+
+    # --- instructions ---
+
+    def _carry_out(self, instruction: Any) -> None:
+        if isinstance(instruction, Cancel):
+            request = pb.CancelRequest(attempt_ids=list(instruction.attempts))
+            self._call(instruction.worker, "Cancel", request)
+        elif isinstance(instruction, StageDone | StageFailed):
+            run = self._stages.pop(instruction.stage, None)
+            if run is not None and not run.future.done():
+                if isinstance(instruction, StageDone):
+                    run.future.set_result(list(instruction.results))
+                else:
+                    run.future.set_exception(instruction.error)
+        elif isinstance(instruction, Drop):
+            if instruction.worker == DRIVER:
+                self.driver_store.drop(instruction.keys)
+            else:
+                request = pb.DropRequest(keys=[encode_key(k) for k in instruction.keys])
+                self._call(instruction.worker, "DropPartitions", request)
+        elif isinstance(instruction, PartitionsLost):
+            logger.warning("%d partition(s) lost with their worker", len(instruction.keys))
+
+    def _launch(self, launch: Launch) -> None:
+        by_stage: dict[int, list] = {}
+        for attempt in launch.attempts:
+            by_stage.setdefault(attempt.stage, []).append(attempt)
+        for stage, attempts in by_stage.items():
+            run = self._stages.get(stage)
+            if run is None:
+                continue
+            request = pb.LaunchRequest(stage_id=stage, epoch=run.epoch)
+            if launch.worker not in run.sent_to:
+                request.program = run.program
+                run.sent_to.add(launch.worker)
+            for attempt in attempts:
+                request.attempts.append(self._assignment(attempt))
+            self._call(launch.worker, "Launch", request)
+
+    def _assignment(self, attempt: Any) -> pb.Assignment:
+        spec = attempt.spec
+        inputs = []
+        for key in spec.inputs:
+            holder = attempt.locations[key]
+            endpoint = self._endpoints.get(holder)
+            address = endpoint.address if endpoint is not None else ""
+            inputs.append(pb.InputLocation(key=encode_key(key), holder=holder, address=address))
+        return pb.Assignment(
+            attempt_id=attempt.id,
+            index=attempt.index,
+            inputs=inputs,
+            output=encode_key(spec.output) if spec.output is not None else b"",
+            reply=spec.reply,
+        )
+
+    def _call(self, worker: int, method: str, request: Any) -> None:
+        """Call ``method`` on ``worker`` without waiting; a failure reports it unreachable.
+
+        Calls to one worker leave in order (one channel); they need not finish in order,
+        which is fine: ``Launch`` only queues, ``Cancel`` forgets queued attempts.
+        """
+        endpoint = self._endpoints.get(worker)
+        if endpoint is None:
+            return
+        future = getattr(endpoint.stub, method).future(request, timeout=60)
+
+        def done(f: grpc.Future) -> None:
+            error = f.exception()
+            if error is not None:
+                details = f"{method}: {error.code().name}: {error.details()}"
+                self._unreachable(worker, details)
+
+        future.add_done_callback(done)
+
+    # --- stages ---
+
+    def execute(self, stage: StageSpec, live: Callable[[], list[int]]) -> list[Any]:
+        """Run ``stage`` to its barrier; the ``reply`` values in task index order.
+
+        ``live``: the current live worker ids (for page invalidation). The program
+        is pickled before anything is sent (a :class:`SerializationError` names
+        the culprit). A task error, a lost worker or a missing input fails the
+        whole stage with that error once the scheduler says so; a
+        ``KeyboardInterrupt`` cancels the stage and propagates.
+        """
+        program = shipping.pack_program(stage.program, self._min_ref_bytes())
+        with self._stage_lock:
+            self._poll()
+            epoch, pages = self._paging.begin_stage()
+            self.stages_run += 1
+            try:
+                if pages:
+                    self._invalidate(epoch, list(pages), live())
+                stage_id = next(self._stage_ids)
+                run = _StageRun(program, epoch if stage.epoch is None else stage.epoch,
+                                concurrent.futures.Future())  # fmt: skip
+                self._stages[stage_id] = run
+                tasks = list(stage.tasks)
+                self._post(lambda s: s.stage_submitted(stage_id, tasks))
+                results = self._wait(stage_id, run.future)
+            finally:
+                self._paging.end_stage()
+        self.last_read_sets = [list(r.read_set) for r in results]
+        values = [self._value(r) for r in results]
+        self._merge_accumulators(results)
+        return values
+
+    def _wait(self, stage_id: int, future: concurrent.futures.Future) -> list[TaskResult]:
+        try:
+            while True:
+                try:
+                    return future.result(timeout=POLL_INTERVAL)
+                except concurrent.futures.TimeoutError:
+                    self._poll()
+        except KeyboardInterrupt as interrupt:
+            error = ClamorError(f"stage {stage_id} was interrupted")
+            error.__cause__ = interrupt
+            self._post(lambda s: s.stage_cancelled(stage_id, error))
+            raise
+
+    def _invalidate(self, epoch: int, pages: list[int], workers: list[int]) -> None:
+        """Invalidate ``pages`` on every live worker; one that fails is reported unreachable."""
+        request = pb.InvalidateRequest(epoch=epoch, pages=pages)
+        calls = [
+            (w, self._endpoints[w].stub.Invalidate.future(request, timeout=60))
+            for w in workers
+            if w in self._endpoints
+        ]
+        for worker, future in calls:
+            try:
+                future.result()
+            except grpc.RpcError as exc:
+                self._unreachable(
+                    worker, f"invalidation failed: {exc.code().name}: {exc.details()}"
+                )
+
+    def _value(self, result: TaskResult) -> Any:
+        if not isinstance(result.value, _Kept):
+            return result.value
+        kept = result.value
+        try:
+            return self.fetch(kept.key, holder=kept.worker)
+        finally:
+            self._call(kept.worker, "DropPartitions", pb.DropRequest(keys=[encode_key(kept.key)]))
+
+    @staticmethod
+    def _merge_accumulators(results: list[TaskResult]) -> None:
+        updates = [r.accumulator_updates for r in results]
+        if any(updates):
+            from clamor.runtime import accumulators
+
+            accumulators.merge([shipping.loads(u) if u else {} for u in updates])
+
+    # --- partitions ---
+
+    def holder(self, key: PartitionKey) -> int | None:
+        return self._state.holder(key)
+
+    def put(self, key: PartitionKey, value: Any) -> None:
+        size = self.driver_store.put(key, value)
+        self._post(lambda s: s.partitions_added(DRIVER, {key: size}))
+
+    def drop(self, keys: Iterable[PartitionKey]) -> None:
+        keys = list(keys)
+        self._post(lambda s: s.partitions_dropped(keys))
+
+    def fetch(self, key: PartitionKey, holder: int | None = None) -> Any:
+        """Bring partition ``key`` to the driver, in chunks, from wherever it is held."""
+        holder = self.holder(key) if holder is None else holder
+        if holder is None:
+            raise ClamorError(f"partition {key!r} is held by no live worker")
+        if holder == DRIVER:
+            return self.driver_store.get(key)
+        endpoint = self._endpoints[holder]
+        try:
+            stream = endpoint.stub.GetPartition(pb.PartitionRequest(key=encode_key(key)), timeout=600)
+            return join_chunks(stream)
+        except grpc.RpcError as exc:
+            raise ClamorError(
+                f"cannot fetch partition {key!r} from worker {holder}: "
+                f"{exc.code().name}: {exc.details()}"
+            ) from None
+
+    def driver_chunks(self, key: PartitionKey) -> Iterator[pb.Chunk]:
+        """The Scheduler's ``FetchPartition``: a driver-held partition as chunks."""
+        return self.driver_store.chunks(key)
+
+    def snapshot(self) -> dict:
+        return self._state.snapshot()
+
+    def close(self) -> None:
+        for run in list(self._stages.values()):
+            if not run.future.done():
+                run.future.set_exception(ClamorError("the cluster was closed"))
+        self._events.put(None)
