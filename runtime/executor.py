@@ -120,6 +120,19 @@ class Executor:
     def _post(self, event: Callable[[SchedulerState], list]) -> None:
         self._events.put(event)
 
+    def _post_and_wait(self, event: Callable[[SchedulerState], list]) -> None:
+        """Post ``event`` and wait until the loop has run it (and sent its instructions)."""
+        done = threading.Event()
+
+        def run(state: SchedulerState) -> list:
+            try:
+                return event(state)
+            finally:
+                done.set()
+
+        self._post(run)
+        done.wait()
+
     def _loop(self) -> None:
         """Run events; those already queued are taken together so that their launches
         to one worker go in one call (a batch of finished tasks refills in one go)."""
@@ -289,14 +302,25 @@ class Executor:
                                 concurrent.futures.Future())  # fmt: skip
                 self._stages[stage_id] = run
                 tasks = list(stage.tasks)
-                self._post(lambda s: s.stage_submitted(stage_id, tasks))
-                results = self._wait(stage_id, run.future)
+                self._post(lambda s: self._submit(s, stage_id, tasks, run.future))
+                try:
+                    results = self._wait(stage_id, run.future)
+                finally:
+                    self._stages.pop(stage_id, None)
             finally:
                 self._paging.end_stage()
         self.last_read_sets = [list(r.read_set) for r in results]
         values = [self._value(r) for r in results]
         self._merge_accumulators(results)
         return values
+
+    @staticmethod
+    def _submit(state: SchedulerState, stage_id: int, tasks: list, future) -> list:
+        try:
+            return state.stage_submitted(stage_id, tasks)
+        except Exception as exc:  # noqa: BLE001 - e.g. bad task indices: the caller gets it
+            future.set_exception(exc)
+            return []
 
     def _wait(self, stage_id: int, future: concurrent.futures.Future) -> list[TaskResult]:
         try:
@@ -351,11 +375,11 @@ class Executor:
 
     def put(self, key: PartitionKey, value: Any) -> None:
         size = self.driver_store.put(key, value)
-        self._post(lambda s: s.partitions_added(DRIVER, {key: size}))
+        self._post_and_wait(lambda s: s.partitions_added(DRIVER, {key: size}))
 
     def drop(self, keys: Iterable[PartitionKey]) -> None:
         keys = list(keys)
-        self._post(lambda s: s.partitions_dropped(keys))
+        self._post_and_wait(lambda s: s.partitions_dropped(keys))
 
     def fetch(self, key: PartitionKey, holder: int | None = None) -> Any:
         """Bring partition ``key`` to the driver, in chunks, from wherever it is held."""
