@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import grpc
 import numpy as np
 import psutil
 import pytest
@@ -217,3 +218,18 @@ def test_a_worker_killed_mid_stage_raises_worker_lost_not_a_hang(cluster):
     assert time.monotonic() - start < 10
     assert cluster.workers == [1]
     assert cluster.execute(StageSpec(index_of, [TaskSpec(i) for i in range(5)])) == list(range(5))
+
+
+def test_an_oversized_message_is_refused_and_the_worker_keeps_serving(cluster):
+    from clamor.runtime import transport
+    from clamor.runtime.proto import clamor_pb2 as pb
+    from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
+
+    address = next(w["address"] for w in cluster.worker_stats() if w["alive"])
+    huge = pb.LaunchRequest(stage_id=999, program=b"x" * (transport.MAX_MESSAGE_BYTES + 1))
+    with transport.connect(address, cluster._token) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.WorkerStub(channel).Launch(huge, timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "message" in info.value.details().lower()
+    assert cluster.execute(StageSpec(index_of, [TaskSpec(0)])) == [0]
