@@ -28,6 +28,15 @@ test-fast: $(STAMP)
 bench-paging: $(STAMP)
 	$(PYTHON) bench/paging.py
 
+## Peer systems for bench/overhead.py (Dask distributed, Ray, ipyparallel); benchmarks only.
+.PHONY: bench-deps bench-overhead
+bench-deps:
+	$(PIP) install -q -r bench/requirements.txt
+
+## Per-task and per-stage overhead of empty tasks, Clamor vs. Dask, Ray and ipyparallel.
+bench-overhead: $(STAMP) bench-deps
+	$(PYTHON) bench/overhead.py
+
 proto:
 	$(PYTHON) runtime/proto/generate.py
 

@@ -1,0 +1,959 @@
+#!/usr/bin/env python3
+"""Per-task and per-stage overhead of empty tasks on 2 workers: Clamor vs. Dask, Ray, ipyparallel.
+
+    python bench/overhead.py [--tasks N] [--repeat R] [--stages S] [--quick]
+                             [--only clamor,dask,ray,ipyparallel]
+
+Every system gets 2 local worker processes on this machine and runs tasks that do
+nothing (a module-level function returning ``None``):
+
+* **per-task overhead**: one stage (batch) of N empty tasks submitted at once and
+  waited for; wall time / N. Median of R repetitions, after one untimed warm-up
+  batch of N.
+* **per-stage overhead**: a stage of 2 empty tasks (as many as workers), waited
+  for, S times in a row; wall time / S. Median of R such runs, after a warm-up.
+
+The systems, each through its ordinary batch API:
+
+* Clamor: ``cluster.execute(StageSpec(_empty, [TaskSpec(i) ...]))`` (the stage
+  API); also, as more rows if they are there, the dataset API
+  (``cluster.range(N, partitions=N).map_partitions(_noop).count()``) and, for
+  context, the control plane's ``cluster.run_stage([(worker, fn, args), ...])``
+  (tasks placed round-robin by the caller).
+* Dask distributed: ``LocalCluster(n_workers=2, threads_per_worker=1,
+  processes=True)``; ``client.gather(client.map(f, range(N), pure=False))``.
+* Ray: ``ray.init(num_cpus=2, include_dashboard=False)``; a ``@ray.remote(num_cpus=1)``
+  function; ``ray.get([f.remote(i) for i in range(N)])``.
+* ipyparallel: ``ipp.Cluster(n=2)`` started from here; a load-balanced view;
+  ``view.map_sync(f, range(N))`` (one task per element).
+
+Each system runs in its own child process (this script with ``--child``), one
+after the other, so that no system's background threads or daemons run while
+another is measured, and so that one that crashes or hangs cannot take the run
+with it. Each child shuts its system down in a ``finally``; afterwards the
+parent kills any process still carrying the child's marker in its environment
+(none should: a leftover is flagged in the report). A system that cannot be
+imported or started is reported as ``unavailable: <reason>``.
+
+Writes ``bench/results/overhead.md`` and ``bench/results/overhead.json`` and prints
+the Markdown. A benchmark, not a test: it never fails on a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEMS = ("clamor", "dask", "ray", "ipyparallel")
+WORKERS = 2
+MARKER = (
+    "CLAMOR_OVERHEAD_BENCH"  # in every child's environment, inherited by its daemons
+)
+CHILD_TIMEOUT = 900.0  # default seconds for one system, start-up to shut-down
+BUSY_CORES = 0.1  # other processes using more than this perturb the numbers
+STOP_GRACE = 30.0  # seconds a child gets to shut its system down when stopped
+SWEEP_GRACE = 20.0  # seconds the child's processes get to exit after it did
+PACKAGES = (
+    "clamor-jupyter",
+    "dask",
+    "distributed",
+    "ray",
+    "ipyparallel",
+    "cloudpickle",
+    "grpcio",
+    "tornado",
+    "pyzmq",
+    "msgpack",
+)
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- the empty tasks (module level: shipped by value, this module is __main__) --------
+
+
+def _empty(ctx):
+    """A Clamor stage program that does nothing."""
+    return
+
+
+def _noop(part):
+    """A partition function that does nothing."""
+    return part
+
+
+def _empty_peer(i):
+    """A Dask / Ray / ipyparallel task that does nothing."""
+    return
+
+
+# --- the measurement, the same for every system ---------------------------------------
+
+
+class LoadMeter:
+    """CPU time used on the machine by processes other than the measured system's.
+
+    System-wide busy time from /proc/stat minus the CPU time of the processes that
+    carry this child's marker in their environment (the driver, its workers and
+    daemons), over a measurement window.
+    """
+
+    def __init__(self) -> None:
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.marker = os.environ.get(MARKER)
+
+    def snapshot(self) -> tuple[float, float, dict[int, float]]:
+        vals = [
+            int(v)
+            for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+        ]
+        busy = (sum(vals) - vals[3] - vals[4]) / self.tick  # all but idle and iowait
+        import psutil
+
+        procs = marked_processes(self.marker, include_self=True) if self.marker else []
+        own = {}
+        for p in procs:
+            with contextlib.suppress(psutil.Error):  # gone meanwhile
+                t = p.cpu_times()
+                own[p.pid] = t.user + t.system + t.children_user + t.children_system
+        return time.monotonic(), busy, own
+
+    @staticmethod
+    def others(a: tuple, b: tuple) -> dict:
+        wall = b[0] - a[0]
+        own = sum(cpu - a[2].get(pid, 0.0) for pid, cpu in b[2].items())
+        cpu = max(0.0, (b[1] - a[1]) - own)
+        return {
+            "wall_s": wall,
+            "own_cpu_s": own,
+            "other_cpu_s": cpu,
+            "other_cores": cpu / wall if wall > 0 else 0.0,
+        }
+
+
+def measure(label: str, batch, stage, n: int, reps: int, stages: int) -> dict:
+    """Time ``batch(n)`` (n empty tasks) and ``stage()`` (2 empty tasks) per repetition.
+
+    ``batch`` and ``stage`` submit, wait for every task and return the results.
+    """
+    t0 = time.perf_counter()
+    check(batch(n), n, label)
+    warm_stages = max(10, stages // 10)
+    for _ in range(warm_stages):
+        check(stage(), WORKERS, label)
+    progress(f"  {label}: warm-up {time.perf_counter() - t0:.1f} s")
+    meter = LoadMeter()
+    load0 = meter.snapshot()
+    task_runs = []
+    for r in range(reps):
+        t0 = time.perf_counter()
+        out = batch(n)
+        dt = time.perf_counter() - t0
+        check(out, n, label)
+        task_runs.append(dt)
+        progress(
+            f"  {label}: batch of {n} tasks {r + 1}/{reps}: {dt:.3f} s "
+            f"= {dt / n * 1e6:.1f} µs per task"
+        )
+    stage_runs = []
+    for r in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(stages):
+            out = stage()
+        dt = time.perf_counter() - t0
+        check(out, WORKERS, label)
+        stage_runs.append(dt)
+        progress(
+            f"  {label}: {stages} stages of {WORKERS} tasks {r + 1}/{reps}: {dt:.3f} s "
+            f"= {dt / stages * 1e3:.2f} ms per stage"
+        )
+    load = LoadMeter.others(load0, meter.snapshot())
+    progress(
+        f"  {label}: the system used {load['own_cpu_s'] / load['wall_s']:.2f} cores, "
+        f"other processes {load['other_cores']:.2f} cores"
+    )
+    per_task = [dt / n * 1e6 for dt in task_runs]
+    per_stage = [dt / stages * 1e3 for dt in stage_runs]
+    return {
+        "status": "ok",
+        "per_task_us": statistics.median(per_task),
+        "per_task_runs_us": per_task,
+        "per_stage_ms": statistics.median(per_stage),
+        "per_stage_runs_ms": per_stage,
+        "warm_stages": warm_stages,
+        "load": load,
+    }
+
+
+def check(out, n: int, label: str) -> None:
+    if isinstance(out, int):  # a count
+        if out != n:
+            raise RuntimeError(f"{label}: counted {out}, expected {n}")
+        return
+    out = list(out)
+    if len(out) != n or any(x is not None for x in out):
+        raise RuntimeError(f"{label}: expected {n} None results, got {len(out)}")
+
+
+def unavailable(exc: BaseException, what: str = "") -> dict:
+    reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+    return {
+        "status": "unavailable",
+        "reason": (what + ": " if what else "") + reason,
+        "traceback": traceback.format_exc(),
+    }
+
+
+# --- one child per system ---------------------------------------------------------------
+
+
+def run_clamor(n: int, reps: int, stages: int) -> dict:
+    rows: dict[str, dict] = SavedRows()
+    t0 = time.perf_counter()
+    try:
+        from clamor.runtime.stage import StageSpec, TaskSpec
+
+        import clamor
+
+        cluster = clamor.Cluster(workers=WORKERS)
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal
+        return {"clamor": unavailable(exc, "could not start")}
+    startup = time.perf_counter() - t0
+    progress(f"  clamor: started {WORKERS} workers in {startup:.1f} s")
+    try:
+        # The stage API: the headline row.
+        if not hasattr(cluster, "execute"):
+            rows["clamor"] = {
+                "status": "unavailable",
+                "reason": "skipped: `Cluster.execute` is not there yet (the stage API)",
+            }
+            progress("  clamor: skipped: Cluster.execute is not there yet")
+        else:
+            try:
+                rows["clamor"] = measure(
+                    "clamor",
+                    lambda k: cluster.execute(
+                        StageSpec(program=_empty, tasks=[TaskSpec(i) for i in range(k)])
+                    ),
+                    lambda: cluster.execute(
+                        StageSpec(
+                            program=_empty, tasks=[TaskSpec(i) for i in range(WORKERS)]
+                        )
+                    ),
+                    n,
+                    reps,
+                    stages,
+                )
+            except Exception as exc:  # noqa: BLE001
+                rows["clamor"] = unavailable(exc, "failed")
+                progress(f"  clamor: {rows['clamor']['reason']}")
+        # The dataset API.
+        label = "clamor (dataset API)"
+        try:
+            rows[label] = measure(
+                label,
+                lambda k: cluster.range(k, partitions=k).map_partitions(_noop).count(),
+                lambda: (
+                    cluster.range(WORKERS, partitions=WORKERS)
+                    .map_partitions(_noop)
+                    .count()
+                ),
+                n,
+                reps,
+                stages,
+            )
+        except AttributeError as exc:
+            rows[label] = {
+                "status": "unavailable",
+                "reason": f"skipped: the dataset API is not there yet (AttributeError: {exc})",
+            }
+            progress(f"  {label}: {rows[label]['reason']}")
+        except Exception as exc:  # noqa: BLE001
+            rows[label] = unavailable(exc, "failed")
+            progress(f"  {label}: {rows[label]['reason']}")
+        # Context: the control plane's run_stage (the caller places the tasks).
+        label = "clamor (run_stage)"
+        try:
+            rows[label] = measure(
+                label,
+                lambda k: cluster.run_stage(
+                    [(i % WORKERS, _empty_peer, (i,)) for i in range(k)]
+                ),
+                lambda: cluster.run_stage(
+                    [(i, _empty_peer, (i,)) for i in range(WORKERS)]
+                ),
+                n,
+                reps,
+                stages,
+            )
+        except Exception as exc:  # noqa: BLE001
+            rows[label] = unavailable(exc, "failed")
+            progress(f"  {label}: {rows[label]['reason']}")
+    finally:
+        t0 = time.perf_counter()
+        cluster.close()
+        shutdown = time.perf_counter() - t0
+    for row in rows.values():
+        row["startup_s"] = startup
+        row["shutdown_s"] = shutdown
+    return dict(rows)
+
+
+def run_dask(n: int, reps: int, stages: int) -> dict:
+    t0 = time.perf_counter()
+    cluster = client = None
+    try:
+        from dask.distributed import Client, LocalCluster
+
+        cluster = LocalCluster(
+            n_workers=WORKERS,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+        )
+        client = Client(cluster)
+        client.wait_for_workers(WORKERS, timeout=120)
+        startup = time.perf_counter() - t0
+        progress(f"  dask: started {WORKERS} workers in {startup:.1f} s")
+        row = measure(
+            "dask",
+            lambda k: client.gather(client.map(_empty_peer, range(k), pure=False)),
+            lambda: client.gather(client.map(_empty_peer, range(WORKERS), pure=False)),
+            n,
+            reps,
+            stages,
+        )
+    except Exception as exc:  # noqa: BLE001
+        row = unavailable(exc, "could not start" if client is None else "failed")
+        progress(f"  dask: {row['reason']}")
+        startup = None
+    finally:
+        t1 = time.perf_counter()
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+        shutdown = time.perf_counter() - t1
+    row.update(startup_s=startup, shutdown_s=shutdown)
+    return {"dask": row}
+
+
+def run_ray(n: int, reps: int, stages: int) -> dict:
+    t0 = time.perf_counter()
+    ray = None
+    try:
+        import ray
+
+        ray.init(num_cpus=WORKERS, include_dashboard=False)
+
+        remote = ray.remote(num_cpus=1)(_empty_peer)
+        startup = time.perf_counter() - t0
+        progress(f"  ray: started with num_cpus={WORKERS} in {startup:.1f} s")
+        row = measure(
+            "ray",
+            lambda k: ray.get([remote.remote(i) for i in range(k)]),
+            lambda: ray.get([remote.remote(i) for i in range(WORKERS)]),
+            n,
+            reps,
+            stages,
+        )
+    except Exception as exc:  # noqa: BLE001
+        row = unavailable(exc, "could not start" if ray is None else "failed")
+        progress(f"  ray: {row['reason']}")
+        startup = None
+    finally:
+        t1 = time.perf_counter()
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+        shutdown = time.perf_counter() - t1
+    row.update(startup_s=startup, shutdown_s=shutdown)
+    return {"ray": row}
+
+
+def run_ipyparallel(n: int, reps: int, stages: int) -> dict:
+    t0 = time.perf_counter()
+    cluster = rc = None
+    try:
+        import ipyparallel as ipp
+
+        cluster = ipp.Cluster(n=WORKERS, log_level=40)
+        rc = cluster.start_and_connect_sync()
+        rc.wait_for_engines(WORKERS, timeout=120)
+        view = rc.load_balanced_view()
+        startup = time.perf_counter() - t0
+        progress(f"  ipyparallel: started {WORKERS} engines in {startup:.1f} s")
+        row = measure(
+            "ipyparallel",
+            lambda k: view.map_sync(_empty_peer, range(k)),
+            lambda: view.map_sync(_empty_peer, range(WORKERS)),
+            n,
+            reps,
+            stages,
+        )
+    except Exception as exc:  # noqa: BLE001
+        row = unavailable(exc, "could not start" if rc is None else "failed")
+        progress(f"  ipyparallel: {row['reason']}")
+        startup = None
+    finally:
+        t1 = time.perf_counter()
+        if rc is not None:
+            rc.close()
+        if cluster is not None:
+            try:
+                cluster.stop_cluster_sync()
+            except Exception as exc:  # noqa: BLE001 - e.g. it never started
+                progress(
+                    f"  ipyparallel: stop_cluster_sync: {type(exc).__name__}: {exc}"
+                )
+        shutdown = time.perf_counter() - t1
+    row.update(startup_s=startup, shutdown_s=shutdown)
+    return {"ipyparallel": row}
+
+
+#: The rows each system's child reports, and the API each row uses.
+ROWS = {
+    "clamor": {
+        "clamor": "`cluster.execute(StageSpec(_empty, [TaskSpec(i) for i in range(N)]))`",
+        "clamor (dataset API)": "`cluster.range(N, partitions=N).map_partitions(_noop).count()`",
+        "clamor (run_stage)": (
+            "`cluster.run_stage([(i % 2, f, (i,)) for i in range(N)])` (caller places tasks)"
+        ),
+    },
+    "dask": {"dask": "`client.gather(client.map(f, range(N), pure=False))`"},
+    "ray": {
+        "ray": "`ray.get([f.remote(i) for i in range(N)])`, `@ray.remote(num_cpus=1)`"
+    },
+    "ipyparallel": {
+        "ipyparallel": "`view.map_sync(f, range(N))` on `rc.load_balanced_view()` (chunksize 1)"
+    },
+}
+
+#: Where the child writes its rows (``--child-out``).
+_OUT: Path | None = None
+
+
+class SavedRows(dict):
+    """Rows written to the child's output file as each one is done, so that a system
+    that hangs later (and is killed at the time limit) keeps the rows it finished."""
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if _OUT is not None:
+            _OUT.write_text(json.dumps(dict(self), indent=1) + "\n")
+
+
+RUNNERS = {
+    "clamor": run_clamor,
+    "dask": run_dask,
+    "ray": run_ray,
+    "ipyparallel": run_ipyparallel,
+}
+
+
+def child_main(system: str, n: int, reps: int, stages: int, out: Path) -> None:
+    # Peers log to stdout/stderr as they like; the parent passes it all to its stderr.
+    global _OUT
+    _OUT = out
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)  # stopped by the parent: shut down in finally
+    try:
+        rows = RUNNERS[system](n, reps, stages)
+    except BaseException as exc:  # noqa: BLE001 - the parent must get a row
+        rows = json.loads(out.read_text()) if out.exists() else {}  # rows done so far
+        for name in ROWS[system]:
+            rows.setdefault(name, unavailable(exc, "crashed"))
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+# --- the parent: one child per system, then the report -----------------------------------
+
+
+def marked_processes(marker: str, include_self: bool = False) -> list:
+    """Processes whose environment carries ``MARKER=marker`` (this one only if asked)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == os.getpid():
+            if include_self:
+                found.append(p)
+            continue
+        try:
+            if p.environ().get(MARKER) == marker:
+                found.append(p)
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+def alive(p) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def sweep(marker: str, grace: float = SWEEP_GRACE) -> tuple[list[str], float]:
+    """Wait up to ``grace`` s for the child's processes to exit, then kill the rest.
+
+    Some peers' helpers exit a little after their shutdown call has returned (the
+    ipyparallel engine nannies take about 3 s); only those still there after the grace
+    period count as left behind. Returns their descriptions and the seconds waited.
+    """
+    import psutil
+
+    t0 = time.monotonic()
+    left = marked_processes(marker)
+    while left and time.monotonic() - t0 < grace:
+        time.sleep(0.25)
+        left = [p for p in left if alive(p)]
+    waited = time.monotonic() - t0
+    described = []
+    for p in left:
+        try:
+            described.append(f"pid {p.pid} {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            described.append(f"pid {p.pid}")
+    for p in left:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, stuck = psutil.wait_procs(left, timeout=5)
+    for p in stuck:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    return described, waited
+
+
+def run_child(system: str, args: argparse.Namespace) -> dict:
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, **{MARKER: marker}, RAY_USAGE_STATS_ENABLED="0")
+    with tempfile.TemporaryDirectory(prefix="clamor-overhead-") as tmp:
+        out = Path(tmp) / "rows.json"
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--child",
+            system,
+            "--child-out",
+            str(out),
+            "--tasks",
+            str(args.tasks),
+            "--repeat",
+            str(args.repeat),
+            "--stages",
+            str(args.stages),
+        ]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=sys.stderr, cwd=ROOT, start_new_session=True
+        )
+        failure = None
+        try:
+            proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            failure = f"timed out after {args.timeout:.0f} s (killed)"
+        except KeyboardInterrupt:
+            failure = "interrupted"
+        finally:
+            if proc.poll() is None:
+                # SIGTERM to the child alone: it shuts its system down in its finally
+                # blocks; whatever is still there after that is killed.
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(timeout=STOP_GRACE)
+                except subprocess.TimeoutExpired:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    proc.wait()
+            leftovers, waited = sweep(marker)
+        if failure == "interrupted":
+            raise KeyboardInterrupt
+        elapsed = time.perf_counter() - t0
+        rows = json.loads(out.read_text()) if out.exists() else {}
+    why = failure or f"the child exited with status {proc.returncode} before this row"
+    for name in ROWS[system]:
+        rows.setdefault(name, {"status": "unavailable", "reason": why})
+        r = rows[name]
+        if failure and r["status"] != "ok" and r["reason"] != why:
+            r["reason"] = f"{failure}: {r['reason']}"
+    for name, row in rows.items():
+        row.setdefault("api", ROWS[system].get(name, ""))
+        row["child_elapsed_s"] = elapsed
+        row["left_behind"] = leftovers
+        row["exit_wait_s"] = waited
+    if leftovers:
+        progress(f"  {system}: killed {len(leftovers)} process(es) left behind:")
+        for x in leftovers:
+            progress(f"    {x}")
+    return rows
+
+
+def machine_busy() -> float:
+    """Cores busy on the whole machine over the next second (nothing of ours runs now)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def busy() -> float:
+        v = [
+            int(x)
+            for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+        ]
+        return (sum(v) - v[3] - v[4]) / tick
+
+    a, t0 = busy(), time.monotonic()
+    time.sleep(1.0)
+    return (busy() - a) / (time.monotonic() - t0)
+
+
+def wait_until_idle(limit: float) -> float:
+    deadline = time.monotonic() + limit
+    while True:
+        load = machine_busy()
+        if load < BUSY_CORES or time.monotonic() >= deadline:
+            progress(f"other load: {load:.2f} cores")
+            return load
+        progress(f"waiting for the machine to go idle (other load {load:.2f} cores)")
+        time.sleep(4.0)
+
+
+def versions() -> dict:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def machine() -> dict:
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "hostname": socket.gethostname(),
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_count": os.cpu_count(),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "packages": versions(),
+    }
+
+
+def git_state() -> dict:
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *a],
+                check=False,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {
+        "commit": git("rev-parse", "--short", "HEAD") or "?",
+        "runtime_dirty": bool(git("status", "--porcelain", "--", "runtime")),
+    }
+
+
+def baseline(rows: dict) -> str | None:
+    """The Clamor row the ratios are against: the stage API if measured, else the next."""
+    for name in ("clamor", "clamor (dataset API)", "clamor (run_stage)"):
+        if rows.get(name, {}).get("status") == "ok":
+            return name
+    return None
+
+
+def add_ratios(result: dict) -> None:
+    rows = result["rows"]
+    base = result["baseline"] = baseline(rows)
+    if base is None:
+        return
+    b = rows[base]
+    for name, row in rows.items():
+        if row.get("status") == "ok" and name != base:
+            row["task_ratio"] = row["per_task_us"] / b["per_task_us"]
+            row["stage_ratio"] = row["per_stage_ms"] / b["per_stage_ms"]
+
+
+def headline(result: dict) -> list[str]:
+    base = result["baseline"]
+    if base is None:
+        return ["No Clamor row was measured, so there are no ratios."]
+    out = (
+        []
+        if any(
+            not n.startswith("clamor") and r.get("status") == "ok"
+            for n, r in result["rows"].items()
+        )
+        else ["No peer was measured."]
+    )
+    for name, row in result["rows"].items():
+        if name.startswith("clamor") or row.get("status") != "ok":
+            continue
+        t, s = row["task_ratio"], row["stage_ratio"]
+        out.append(
+            f"- **{name}/Clamor = {t:.1f}×** per task, **{s:.1f}×** per stage"
+            + (f" (Clamor is **slower** than {name} per task)" if t < 1 else "")
+            + (f" (Clamor is **slower** than {name} per stage)" if s < 1 else "")
+        )
+    return out
+
+
+def ratio_cell(r: dict, key: str, is_base: bool) -> str:
+    if is_base:
+        return "1 (baseline)"
+    if key not in r:
+        return "—"
+    return f"**{r[key]:.2f}×**"
+
+
+def render(result: dict) -> str:
+    m, p = result["machine"], result["parameters"]
+    rows = result["rows"]
+    base = result["baseline"]
+
+    def row(*cells) -> str:
+        return "| " + " | ".join(str(c) for c in cells) + " |"
+
+    def spread(xs: list[float], f: str) -> str:
+        return f"{min(xs):{f}}–{max(xs):{f}}"
+
+    pk = ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v)
+    lines = [
+        "# Overhead of empty tasks on 2 workers: Clamor vs. Dask, Ray, ipyparallel",
+        "",
+        (
+            f"Run {result['date']} on `{m['hostname']}`: nproc {m['nproc']} "
+            f"(cpu_count {m['cpu_count']}), {m['cpu']}, Linux {m['kernel']}, "
+            f"Python {m['python']}. Packages: {pk}. Command: `{p['command']}` "
+            f"(total {result['elapsed_s']:.0f} s), at commit `{result['git']['commit']}`"
+            + (
+                " with uncommitted changes in runtime/"
+                if result["git"]["runtime_dirty"]
+                else ""
+            )
+            + f". Load average before / after: {result['loadavg_before']} / "
+            f"{result['loadavg_after']}."
+        ),
+        "",
+        (
+            f"Parameters: {WORKERS} worker processes per system; per task: one stage of "
+            f"N = {p['tasks']} empty tasks, wall time / N, median of R = {p['repeat']} "
+            f"repetitions after one untimed warm-up batch of N; per stage: a stage of "
+            f"{WORKERS} empty tasks, S = {p['stages']} in a row, wall time / S, median of "
+            f"R = {p['repeat']} (after a warm-up of max(10, S/10) stages). Tasks are not "
+            "pinned to workers (each scheduler places them), except in the `run_stage` "
+            "row. Each system runs alone, in its own child process, one after the other "
+            f"({', '.join(p['systems'])})."
+        ),
+        "",
+    ]
+    if base is not None:
+        lines += [
+            f"## Headline (peer ÷ Clamor; Clamor = `{base}` row)",
+            "",
+            *headline(result),
+            "",
+        ]
+    lines += [
+        "## Results",
+        "",
+        row(
+            "system",
+            "per task (µs)",
+            "per stage (ms)",
+            "per-task ratio ÷ Clamor",
+            "per-stage ratio ÷ Clamor",
+            "per task, min–max (µs)",
+            "per stage, min–max (ms)",
+            "start-up (s)",
+            "other load (cores)",
+            "API",
+        ),
+        row(*["---"] + ["---:"] * 8 + ["---"]),
+    ]
+    notes = []
+    for name, r in rows.items():
+        api = r.get("api", "")
+        start = f"{r['startup_s']:.1f}" if r.get("startup_s") is not None else ""
+        if r.get("status") != "ok":
+            lines.append(
+                row(name, "—", "—", "—", "—", "", "", start, "", f"{r['reason']}")
+            )
+            continue
+        is_base = name == base
+        lines.append(
+            row(
+                f"**{name}**" if is_base else name,
+                f"{r['per_task_us']:.1f}",
+                f"{r['per_stage_ms']:.2f}",
+                ratio_cell(r, "task_ratio", is_base),
+                ratio_cell(r, "stage_ratio", is_base),
+                spread(r["per_task_runs_us"], ".1f"),
+                spread(r["per_stage_runs_ms"], ".2f"),
+                start,
+                f"{r['load']['other_cores']:.2f}"
+                + (" **perturbed**" if r["load"]["other_cores"] > BUSY_CORES else ""),
+                api,
+            )
+        )
+        if r.get("left_behind"):
+            notes.append(
+                f"- {name}: left {len(r['left_behind'])} process(es) behind after "
+                "shutting down (killed by the benchmark): "
+                + "; ".join(r["left_behind"])
+            )
+    for name, r in rows.items():
+        if r.get("status") != "ok" and r.get("left_behind"):
+            notes.append(
+                f"- {name}: left {len(r['left_behind'])} process(es) behind (killed)"
+            )
+    lines += [
+        "",
+        (
+            "Ratios above 1 mean the peer's overhead is higher than Clamor's. Start-up is "
+            "the time to a cluster ready to run tasks (context only, not in the ratios). "
+            "Other load: CPU used by processes outside the measured system during its "
+            "timed runs (machine busy time from /proc/stat minus the system's own "
+            f"processes); above {BUSY_CORES:g} cores the row is flagged as perturbed."
+        ),
+    ]
+    if notes:
+        lines += ["", "## Processes left behind", "", *notes]
+    else:
+        lines += ["", "Every system shut down cleanly: no process was left behind."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", type=int, default=None, help="N tasks per batch (2000)")
+    ap.add_argument("--repeat", type=int, default=None, help="R repetitions (5)")
+    ap.add_argument("--stages", type=int, default=None, help="S stages per run (200)")
+    ap.add_argument(
+        "--quick", action="store_true", help="N=300, R=3, S=50 unless given"
+    )
+    ap.add_argument(
+        "--only",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated systems to run, among {','.join(SYSTEMS)}",
+    )
+    ap.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each system, wait up to SECONDS for other processes to go quiet",
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=CHILD_TIMEOUT,
+        metavar="SECONDS",
+        help=f"time limit per system, start-up to shut-down ({CHILD_TIMEOUT:.0f})",
+    )
+    ap.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    q = args.quick
+    args.tasks = args.tasks or (300 if q else 2000)
+    args.repeat = args.repeat or (3 if q else 5)
+    args.stages = args.stages or (50 if q else 200)
+
+    if args.child:
+        child_main(args.child, args.tasks, args.repeat, args.stages, args.child_out)
+        return
+
+    systems = [s.strip() for s in args.only.split(",") if s.strip()]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        ap.error(
+            f"unknown system(s) {', '.join(bad)}; choose among {', '.join(SYSTEMS)}"
+        )
+    command = "python bench/overhead.py" + "".join(f" {a}" for a in sys.argv[1:])
+    started = time.perf_counter()
+    result: dict = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine(),
+        "git": git_state(),
+        "loadavg_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "parameters": {
+            "command": command.strip(),
+            "quick": q,
+            "tasks": args.tasks,
+            "repeat": args.repeat,
+            "stages": args.stages,
+            "workers": WORKERS,
+            "systems": systems,
+            "wait_idle_s": args.wait_idle,
+            "timeout_s": args.timeout,
+        },
+        "rows": {},
+    }
+    for system in systems:
+        if args.wait_idle:
+            wait_until_idle(args.wait_idle)
+        progress(f"{system}:")
+        rows = run_child(system, args)
+        for name, r in rows.items():
+            if r.get("status") == "ok":
+                progress(
+                    f"{name}: {r['per_task_us']:.1f} µs per task, "
+                    f"{r['per_stage_ms']:.2f} ms per stage"
+                )
+            else:
+                progress(f"{name}: unavailable: {r['reason']}")
+        result["rows"].update(rows)
+    result["loadavg_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    result["elapsed_s"] = time.perf_counter() - started
+    add_ratios(result)
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    text = render(result)
+    (RESULTS / "overhead.md").write_text(text)
+    (RESULTS / "overhead.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
