@@ -71,10 +71,36 @@ class _Kept:
     key: PartitionKey
 
 
-@dataclasses.dataclass
 class _Endpoint:
-    stub: pb_grpc.WorkerStub
-    address: str
+    """A worker's stub and its sender thread: calls to one worker leave and finish in
+    order (a ``Cancel`` never overtakes the ``Launch`` it cancels), and blocking calls
+    on one thread cost less than gRPC futures, which spin up helper threads."""
+
+    def __init__(
+        self, worker: int, stub: pb_grpc.WorkerStub, address: str,
+        unreachable: Callable[[int, str], None],
+    ) -> None:  # fmt: skip
+        self.stub = stub
+        self.address = address
+        self._worker = worker
+        self._unreachable = unreachable
+        self._calls: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._send, name=f"clamor-send-{worker}", daemon=True).start()
+
+    def call(self, method: str, request: Any) -> None:
+        self._calls.put((method, request))
+
+    def close(self) -> None:
+        self._calls.put(None)
+
+    def _send(self) -> None:
+        while (item := self._calls.get()) is not None:
+            method, request = item
+            try:
+                getattr(self.stub, method)(request, timeout=60)
+            except grpc.RpcError as error:
+                self._unreachable(self._worker, f"{method}: {error.code().name}: {error.details()}")
+                return  # nothing more goes to a worker that failed a call
 
 
 class Executor:
@@ -161,10 +187,13 @@ class Executor:
         launches.clear()
 
     def worker_added(self, worker: int, stub: pb_grpc.WorkerStub, address: str) -> None:
-        self._endpoints[worker] = _Endpoint(stub, address)
+        self._endpoints[worker] = _Endpoint(worker, stub, address, self._unreachable)
         self._post(lambda s: s.worker_added(worker))
 
     def worker_lost(self, worker: int, error: WorkerLostError) -> None:
+        endpoint = self._endpoints.get(worker)
+        if endpoint is not None:
+            endpoint.close()
         self._post(lambda s: s.worker_lost(worker, error))
 
     def task_finished(self, worker: int, reports: Iterable[pb.TaskReport]) -> None:
@@ -260,23 +289,10 @@ class Executor:
         )
 
     def _call(self, worker: int, method: str, request: Any) -> None:
-        """Call ``method`` on ``worker`` without waiting; a failure reports it unreachable.
-
-        Calls to one worker leave in order (one channel); they need not finish in order,
-        which is fine: ``Launch`` only queues, ``Cancel`` forgets queued attempts.
-        """
+        """Call ``method`` on ``worker`` without waiting; a failure reports it unreachable."""
         endpoint = self._endpoints.get(worker)
-        if endpoint is None:
-            return
-        future = getattr(endpoint.stub, method).future(request, timeout=60)
-
-        def done(f: grpc.Future) -> None:
-            error = f.exception()
-            if error is not None:
-                details = f"{method}: {error.code().name}: {error.details()}"
-                self._unreachable(worker, details)
-
-        future.add_done_callback(done)
+        if endpoint is not None:
+            endpoint.call(method, request)
 
     # --- stages ---
 
@@ -410,3 +426,5 @@ class Executor:
             if not run.future.done():
                 run.future.set_exception(ClamorError("the cluster was closed"))
         self._events.put(None)
+        for endpoint in self._endpoints.values():
+            endpoint.close()
