@@ -246,12 +246,12 @@ class Cluster:
 
     def _on_ready(self, worker_id: int, info: dict) -> None:
         self._paging.worker_ready(worker_id, info)
+        worker = self._workers[worker_id]
+        self._executor.worker_added(worker_id, worker.stub, worker.address)  # before it is used
         with self._cond:
-            worker = self._workers[worker_id]
             worker.info = info
             worker.ready = True
             self._cond.notify_all()
-        self._executor.worker_added(worker_id, worker.stub, worker.address)
 
     def _on_unreachable(self, worker_id: int, details: str) -> None:
         """A call to a worker failed: find out how it ended (off the calling thread)."""
