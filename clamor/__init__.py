@@ -14,10 +14,13 @@ from clamor.runtime.arena import (
     in_arena,
     shared,
 )
+from clamor.runtime.accumulators import Accumulator
 from clamor.runtime.cluster import Cluster
+from clamor.runtime.dataset import Dataset
 from clamor.runtime.errors import (
     ArenaExhaustedError,
     ClamorError,
+    MissingPartitionError,
     SerializationError,
     TaskError,
     WorkerLostError,
@@ -27,10 +30,13 @@ from clamor.runtime.shipping import ArenaRef
 __version__ = "0.1.0"
 
 __all__ = [
+    "Accumulator",
     "ArenaExhaustedError",
     "ArenaRef",
     "ClamorError",
     "Cluster",
+    "Dataset",
+    "MissingPartitionError",
     "SerializationError",
     "TaskError",
     "WorkerLostError",

@@ -26,6 +26,7 @@ from typing import Any, Self
 import cloudpickle
 import grpc
 from clamor.runtime import arena, shipping
+from clamor.runtime.dataset import DatasetSources
 from clamor.runtime.errors import ClamorError, WorkerLostError
 from clamor.runtime.executor import Executor
 from clamor.runtime.exitcodes import describe_exit
@@ -139,7 +140,7 @@ def _shutdown(
         paging.close()
 
 
-class Cluster:
+class Cluster(DatasetSources):
     """Worker processes on this machine and the scheduler that drives them.
 
     ``workers``: how many (default ``os.cpu_count()``); ``host``: the address the

@@ -91,6 +91,7 @@ class _Endpoint:
         self._calls.put((method, request))
 
     def close(self) -> None:
+        self._closed = True
         self._calls.put(None)
 
     def _send(self) -> None:
@@ -135,6 +136,7 @@ class Executor:
         self._stage_ids = itertools.count(1)
         self._stage_lock = threading.Lock()
         self.driver_store = PartitionStore()
+        self._closed = False
         self.stages_run = 0
         self.tasks_run = 0
         self.last_read_sets: list[list[tuple[int, int]]] = []
@@ -148,6 +150,8 @@ class Executor:
 
     def _post_and_wait(self, event: Callable[[SchedulerState], list]) -> None:
         """Post ``event`` and wait until the loop has run it (and sent its instructions)."""
+        if self._closed:
+            raise ClamorError("the cluster is closed")
         done = threading.Event()
 
         def run(state: SchedulerState) -> list:
@@ -157,7 +161,9 @@ class Executor:
                 done.set()
 
         self._post(run)
-        done.wait()
+        while not done.wait(POLL_INTERVAL):
+            if self._closed:
+                raise ClamorError("the cluster is closed")
 
     def _loop(self) -> None:
         """Run events; those already queued are taken together so that their launches
@@ -394,8 +400,17 @@ class Executor:
         self._post_and_wait(lambda s: s.partitions_added(DRIVER, {key: size}))
 
     def drop(self, keys: Iterable[PartitionKey]) -> None:
+        """Forget ``keys`` (``holder`` says ``None`` on return); the holders free them soon
+        after. Datasets call this from garbage-collection finalizers, which may run on any
+        thread: on the loop's own thread it only queues the event."""
         keys = list(keys)
-        self._post_and_wait(lambda s: s.partitions_dropped(keys))
+        if self._closed:
+            return
+        event = lambda s: s.partitions_dropped(keys)  # noqa: E731
+        if threading.current_thread() is self._thread:
+            self._post(event)
+        else:
+            self._post_and_wait(event)
 
     def fetch(self, key: PartitionKey, holder: int | None = None) -> Any:
         """Bring partition ``key`` to the driver, in chunks, from wherever it is held."""
@@ -422,6 +437,7 @@ class Executor:
         return self._state.snapshot()
 
     def close(self) -> None:
+        self._closed = True
         for run in list(self._stages.values()):
             if not run.future.done():
                 run.future.set_exception(ClamorError("the cluster was closed"))
