@@ -71,6 +71,8 @@ class _Worker:
     local: bool
     ready: bool = False
     lost: str | None = None  # how it was lost
+    #: Set once the pager and the executor know it is lost (later callers wait for it).
+    lost_told: threading.Event = dataclasses.field(default_factory=threading.Event)
     info: dict = dataclasses.field(default_factory=dict)  # its WorkerPaging.info()
     last_heartbeat: float = dataclasses.field(default_factory=time.monotonic)
 
@@ -326,8 +328,13 @@ class Cluster(DatasetSources):
         error = WorkerLostError(worker.id, worker.lost)
         if first:
             logger.warning("worker %d lost: %s", worker.id, how)
-            self._paging.worker_lost(worker.id)
-            self._executor.worker_lost(worker.id, error)
+            try:
+                self._paging.worker_lost(worker.id)
+                self._executor.worker_lost(worker.id, error)
+            finally:
+                worker.lost_told.set()
+        else:  # e.g. kill_worker racing a failed call: return only once the loss is known
+            worker.lost_told.wait(10.0)
         return error
 
     def _refresh(self) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clamor.runtime import geodata
-from clamor.runtime.dataset import DatasetSources
 from clamor.runtime.ops import bounds
 from sklearn.neighbors import KDTree
 
@@ -19,13 +18,7 @@ import clamor
 
 @pytest.fixture(scope="module")
 def cluster():
-    cls = clamor.Cluster
-    if not issubclass(cls, DatasetSources):  # until Cluster inherits the dataset sources
-
-        class cls(DatasetSources, clamor.Cluster):
-            pass
-
-    with cls(workers=2) as c:
+    with clamor.Cluster(workers=2) as c:
         yield c
 
 
