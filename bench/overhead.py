@@ -47,9 +47,7 @@ import datetime
 import importlib.metadata
 import json
 import os
-import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,6 +56,8 @@ import time
 import traceback
 import uuid
 from pathlib import Path
+
+from machine import machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -655,26 +655,6 @@ def versions() -> dict:
     return out
 
 
-def machine() -> dict:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "hostname": socket.gethostname(),
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu_count": os.cpu_count(),
-        "cpu": cpu,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "packages": versions(),
-    }
-
-
 def git_state() -> dict:
     def git(*a: str) -> str:
         try:
@@ -914,7 +894,7 @@ def main() -> None:
     started = time.perf_counter()
     result: dict = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine(),
+        "machine": machine(packages=versions()),
         "git": git_state(),
         "loadavg_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "parameters": {

@@ -41,7 +41,6 @@ import datetime
 import json
 import mmap
 import os
-import platform
 import resource
 import socket
 import statistics
@@ -53,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 from clamor.runtime import arena
+from machine import machine
 
 import clamor
 
@@ -703,27 +703,6 @@ def render(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def machine() -> dict:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "hostname": socket.gethostname(),
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu_count": os.cpu_count(),
-        "cpu": cpu,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "clamor": clamor.__version__,
-    }
-
-
 def measure_page_size(ps, server, meter, rng, reps: int, quick: bool) -> dict:
     load0 = meter.snapshot()
     n = n_pages_for(ps)
@@ -797,7 +776,7 @@ def main() -> None:
     started = time.perf_counter()
     result: dict = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine(),
+        "machine": machine(numpy=np.__version__, clamor=clamor.__version__),
         "git": git_state(),
         "parameters": {
             "command": "python bench/paging.py" + (" --quick" if args.quick else ""),
