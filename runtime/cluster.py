@@ -13,6 +13,8 @@ stays usable.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -20,12 +22,12 @@ import pickle
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Self
 
 import cloudpickle
 import grpc
-from clamor.runtime import arena, shipping
+from clamor.runtime import arena, plan, shipping
 from clamor.runtime.dataset import DatasetSources
 from clamor.runtime.errors import ClamorError, WorkerLostError
 from clamor.runtime.executor import Executor
@@ -192,7 +194,9 @@ class Cluster(DatasetSources):
             poll=lambda: (c := me()) and c._refresh(),
             unreachable=lambda w, why: (c := me()) and c._on_unreachable(w, why),
             min_ref_bytes=lambda: (c := me()) and (c.page_size or None),
+            version_floor=lambda epoch: (c := me()) and c._version_floor(epoch) or epoch,
         )
+        self._pins: collections.Counter[int] = collections.Counter()
 
         self._server, self.address = create_server(
             self._token,
@@ -387,6 +391,34 @@ class Cluster(DatasetSources):
             payloads.append(pack_task(fn, args, rest[0] if rest else None, self.page_size or None))
             tasks.append(TaskSpec(i, worker=worker_id))
         return self.execute(StageSpec(_CallTable(payloads), tasks, epoch=epoch))
+
+    # --- page versions ---
+
+    @contextlib.contextmanager
+    def keep_versions(self, epoch: int) -> Iterator[None]:
+        """Keep the page versions epoch ``epoch`` reads while the block runs (replays,
+        checkpoints); otherwise the version log frees what no lineage needs."""
+        self._pins[epoch] += 1
+        try:
+            yield
+        finally:
+            self._pins[epoch] -= 1
+            if not self._pins[epoch]:
+                del self._pins[epoch]
+
+    def _version_floor(self, epoch: int) -> int:
+        """The oldest epoch any stage may still read: pinned ones, lineage's, this one."""
+        needed = [epoch, *self._pins]
+        oldest = getattr(plan, "oldest_needed_epoch", None)
+        lineage = oldest() if oldest is not None else None
+        if lineage is not None:
+            needed.append(lineage)
+        return min(needed)
+
+    @property
+    def last_epoch(self) -> int:
+        """The arena epoch the last successful stage's tasks read (its own, or the replayed one)."""
+        return self._executor.last_epoch
 
     @property
     def last_read_sets(self) -> list[list[tuple[int, int]]]:

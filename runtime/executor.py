@@ -121,12 +121,15 @@ class Executor:
         poll: Callable[[], None],
         unreachable: Callable[[int, str], None],
         min_ref_bytes: Callable[[], int | None],
+        version_floor: Callable[[int], int] = lambda epoch: epoch,
         window: int = 32,
     ) -> None:
         self._paging = paging
         self._poll = poll
         self._unreachable = unreachable
         self._min_ref_bytes = min_ref_bytes
+        self._version_floor = version_floor
+        self._trimmed_floor = 0
         self._state = SchedulerState(window=window)
         self._events: queue.SimpleQueue[Callable[[SchedulerState], list] | None] = (
             queue.SimpleQueue()
@@ -140,6 +143,7 @@ class Executor:
         self.stages_run = 0
         self.tasks_run = 0
         self.last_read_sets: list[list[tuple[int, int]]] = []
+        self.last_epoch = 0
         self._thread = threading.Thread(target=self._loop, name="clamor-scheduler", daemon=True)
         self._thread.start()
 
@@ -312,6 +316,12 @@ class Executor:
         ``KeyboardInterrupt`` cancels the stage and propagates.
         """
         program = shipping.pack_program(stage.program, self._min_ref_bytes())
+        if stage.epoch is not None and stage.epoch < self._trimmed_floor:
+            raise ClamorError(
+                f"cannot replay epoch {stage.epoch}: its page versions were freed (the "
+                f"version log keeps epochs >= {self._trimmed_floor}, and the ones pinned "
+                "by keep_versions or by lineage)"
+            )
         with self._stage_lock:
             self._poll()
             epoch, pages = self._paging.begin_stage()
@@ -319,6 +329,7 @@ class Executor:
             try:
                 if pages:
                     self._invalidate(epoch, list(pages), live())
+                self._trim_versions(epoch, barrier_sent=bool(pages), live=live)
                 stage_id = next(self._stage_ids)
                 run = _StageRun(program, epoch if stage.epoch is None else stage.epoch,
                                 concurrent.futures.Future())  # fmt: skip
@@ -332,6 +343,7 @@ class Executor:
             finally:
                 self._paging.end_stage()
         self.last_read_sets = [list(r.read_set) for r in results]
+        self.last_epoch = run.epoch
         values = [self._value(r) for r in results]
         self._merge_accumulators(results)
         return values
@@ -356,6 +368,22 @@ class Executor:
             error.__cause__ = interrupt
             self._post(lambda s: s.stage_cancelled(stage_id, error))
             raise
+
+    def _trim_versions(self, epoch: int, barrier_sent: bool, live: Callable[[], list[int]]) -> None:
+        """Free the page versions no stage from here on reads (bounded version log).
+
+        ``version_floor(epoch)`` says how far back lineage and checkpoints still need
+        to read. An attempt of an earlier stage may still run on a worker (cancelled
+        ones finish on their own); an ``Invalidate`` runs on each worker's task thread
+        between attempts, so once every worker has answered one, none is left.
+        """
+        floor = min(epoch, self._version_floor(epoch))
+        if floor <= self._trimmed_floor or not self._paging.stats().get("version_log_bytes"):
+            return
+        if not barrier_sent:
+            self._invalidate(epoch, [], live())
+        self._paging.trim_versions(floor)
+        self._trimmed_floor = floor
 
     def _invalidate(self, epoch: int, pages: list[int], workers: list[int]) -> None:
         """Invalidate ``pages`` on every live worker; one that fails is reported unreachable."""
@@ -406,7 +434,7 @@ class Executor:
         keys = list(keys)
         if self._closed:
             return
-        event = lambda s: s.partitions_dropped(keys)  # noqa: E731
+        event = lambda s: s.partitions_dropped(keys)
         if threading.current_thread() is self._thread:
             self._post(event)
         else:

@@ -118,6 +118,13 @@ class DriverPager:
     def worker_lost(self, worker_id: int) -> None:
         lib.clamor_driver_drop_worker(worker_id)
 
+    def trim_versions(self, floor: int) -> int:
+        """Free the version-log entries no epoch >= ``floor`` reads; return the bytes freed.
+
+        Stages at older epochs are refused from then on (never served wrong bytes).
+        """
+        return int(lib.clamor_driver_trim_log(max(0, min(int(floor), 2**32 - 1))))
+
     def stats(self) -> dict:
         out = ffi.new("clamor_driver_stats *")
         lib.clamor_driver_get_stats(out)

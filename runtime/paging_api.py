@@ -75,6 +75,10 @@ class DriverPaging(Protocol):
         """The worker is gone; forget what it holds."""
         ...
 
+    def trim_versions(self, floor: int) -> int:
+        """Free old page versions no stage at epoch ``floor`` or later reads; bytes freed."""
+        ...
+
     def stats(self) -> dict:
         """Counters merged into ``Cluster.stats()``."""
         ...
@@ -124,6 +128,9 @@ class NullDriverPaging:
 
     def worker_lost(self, worker_id: int) -> None:
         pass
+
+    def trim_versions(self, floor: int) -> int:
+        return 0
 
     def stats(self) -> dict:
         return {}

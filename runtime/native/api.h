@@ -81,6 +81,9 @@ uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests
                                   uint64_t *driver_bytes, uint64_t *peer_bytes,
                                   uint32_t *holders, uint32_t *version);
 int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out);
+/* Frees version-log entries that no epoch >= floor reads; returns the bytes freed.
+ * The floor only rises; requests for older epochs are refused from then on. */
+uint64_t clamor_driver_trim_log(uint32_t floor);
 
 /* Exit statuses of a worker whose fault handler cannot go on (the faulting
  * thread cannot be given an exception); runtime/exitcodes.py names them. */
@@ -125,3 +128,18 @@ uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t ca
 void clamor_worker_invalidate(uint32_t epoch, const uint64_t *pages, uint64_t n);
 void clamor_worker_get_stats(clamor_worker_stats *out);
 int clamor_worker_touch(uint64_t offset, uint64_t length);
+
+/* ---------------------------------------------------------- checkpoints --
+ * (runtime/checkpoint.py; issue 4 item 5) Save and re-create the arena's
+ * live extent blocks at the same offsets. Slab objects (requests below the
+ * page size) are not listed: ArenaRefs only name arrays of at least a page.
+ *
+ * list_blocks: fills up to `cap` (offset, size) pairs, in offset order, and
+ * returns how many blocks there are (call again with a larger buffer if that
+ * is more than `cap`). Sizes are the blocks' usable sizes (4 KiB multiples).
+ * reserve: marks [offset, offset + nbytes) as one live block, as if it had
+ * been allocated there (free it with clamor_arena_free(base + offset)); -1
+ * and a message if the range is not 4 KiB aligned, leaves the arena, or
+ * overlaps anything already allocated. */
+uint64_t clamor_arena_list_blocks(uint64_t *offsets, uint64_t *sizes, uint64_t cap);
+int clamor_arena_reserve(uint64_t offset, uint64_t nbytes, char *err, size_t errlen);

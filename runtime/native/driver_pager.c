@@ -58,6 +58,7 @@ static struct {
     cl_stripes stripes;
     pthread_mutex_t stage; /* serialises begin_stage with the write handler */
     _Atomic uint32_t epoch;
+    _Atomic uint32_t floor; /* epochs below it are no longer served: their versions were freed */
     uint64_t *inval, ninval, inval_cap;
     int replication;
     peer peers[CL_MAX_WORKERS];
@@ -185,6 +186,40 @@ uint64_t clamor_driver_invalidated(uint64_t *out, uint64_t cap) {
 
 void clamor_driver_end_stage(void) { D.st.stage_running = 0; }
 
+/* Frees the log entries no epoch >= floor can read. Walking a page's log newest
+ * first: a dirty page's head (its sealed current version) is kept; then every
+ * entry newer than floor, and the first one at or below it (what epoch `floor`
+ * itself reads). Requests for epochs below the floor get NO_VERSION from now on. */
+uint64_t clamor_driver_trim_log(uint32_t floor) {
+    if (!D.running) return 0;
+    uint32_t old = atomic_load(&D.floor);
+    while (floor > old && !atomic_compare_exchange_weak(&D.floor, &old, floor)) {
+    }
+    floor = atomic_load(&D.floor);
+    uint64_t freed = 0;
+    for (uint64_t p = 0; p < D.npages; p++) {
+        if (!D.log[p]) continue;
+        pthread_mutex_t *m = cl_stripe(&D.stripes, p);
+        pthread_mutex_lock(m);
+        logent **link = &D.log[p];
+        if ((D.flags[p] & FL_DIRTY) && *link) link = &(*link)->next;
+        if (D.version[p] > floor) {
+            while (*link && (*link)->version > floor) link = &(*link)->next;
+            if (*link) link = &(*link)->next;
+        }
+        for (logent *e = *link, *next; e; e = next) {
+            next = e->next;
+            free(e);
+            freed++;
+        }
+        *link = NULL;
+        pthread_mutex_unlock(m);
+    }
+    __atomic_fetch_sub(&D.st.version_log_bytes, freed * D.ps, __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&D.st.version_log_entries, freed, __ATOMIC_RELAXED);
+    return freed * D.ps;
+}
+
 /* --------------------------------------------------------- page server -- */
 
 static uint32_t pick_holder(uint64_t set) {
@@ -239,7 +274,7 @@ static void answer(void *ctx, uint32_t client, const cl_msg *req, uint64_t p, in
                    uint8_t *buf, cl_answer *a) {
     (void)ctx;
     uint32_t E = req->epoch;
-    if (E == 0 || E > atomic_load(&D.epoch)) {
+    if (E == 0 || E > atomic_load(&D.epoch) || E < atomic_load(&D.floor)) {
         a->kind = CL_ANSWER_ERROR;
         a->error = CL_ERR_NO_VERSION;
         return;
@@ -425,7 +460,8 @@ uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests
 
 int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out) {
     if (!D.running || page >= D.npages) return -CL_ERR_PAGE_RANGE;
-    if (epoch == 0 || epoch > atomic_load(&D.epoch)) return -CL_ERR_NO_VERSION;
+    if (epoch == 0 || epoch > atomic_load(&D.epoch) || epoch < atomic_load(&D.floor))
+        return -CL_ERR_NO_VERSION;
     cl_answer a;
     pthread_mutex_t *m = cl_stripe(&D.stripes, page);
     pthread_mutex_lock(m);

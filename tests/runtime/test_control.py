@@ -402,6 +402,9 @@ class RecordingDriverPaging:
     def worker_lost(self, worker_id):
         self.events.append(("lost", worker_id))
 
+    def trim_versions(self, floor):
+        return 0
+
     def stats(self):
         return {"page_size": 4096}
 

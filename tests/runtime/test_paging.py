@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 from clamor.runtime import arena
+from clamor.runtime.errors import ClamorError
 
 import clamor
 
@@ -100,21 +101,29 @@ def test_driver_update_invalidates_exactly_one_page(cluster):
     k = len(x) // 2 + 3
     before = cluster.worker_stats()[0]
 
-    x[k] = -1.0
-    assert cluster.run(lambda a: float(a.sum()), x, worker=0) == total - k - 1.0
-    after = cluster.worker_stats()[0]
-    assert after["invalidations"] - before["invalidations"] == 1
-    assert after["pages_fetched"] - before["pages_fetched"] == 1
-    assert cluster.stats()["invalidations"] >= 1
+    with cluster.keep_versions(old_epoch):  # what lineage does for the partitions it may recompute
+        x[k] = -1.0
+        assert cluster.run(lambda a: float(a.sum()), x, worker=0) == total - k - 1.0
+        after = cluster.worker_stats()[0]
+        assert after["invalidations"] - before["invalidations"] == 1
+        assert after["pages_fetched"] - before["pages_fetched"] == 1
+        assert cluster.stats()["invalidations"] >= 1
 
-    # A replay at the old epoch reads the old bytes, from the version log.
-    assert cluster.run(lambda a, i: float(a[i]), x, k, worker=1, epoch=old_epoch) == float(k)
+        # A replay at the old epoch reads the old bytes, from the version log.
+        assert cluster.run(lambda a, i: float(a[i]), x, k, worker=1, epoch=old_epoch) == float(k)
+        assert cluster.run(lambda a, i: float(a[i]), x, k, worker=1) == -1.0
+        page = page_of(x, k, ps)
+        old = np.frombuffer(cluster.paging.read_version(page, old_epoch), np.float64)
+        start = (page * ps - arena.arena_offset(x)) // 8
+        assert old[k - start] == float(k)
+        assert cluster.stats()["version_log_bytes"] >= ps
+
+    # Released: the next stage frees the old version, and a replay at that epoch is refused.
     assert cluster.run(lambda a, i: float(a[i]), x, k, worker=1) == -1.0
-    page = page_of(x, k, ps)
-    old = np.frombuffer(cluster.paging.read_version(page, old_epoch), np.float64)
-    start = (page * ps - arena.arena_offset(x)) // 8
-    assert old[k - start] == float(k)
-    assert cluster.stats()["version_log_bytes"] >= ps
+    assert cluster.stats()["version_log_bytes"] == 0
+    with pytest.raises(ClamorError, match="freed"):
+        cluster.run(lambda a, i: float(a[i]), x, k, worker=1, epoch=old_epoch)
+    assert cluster.workers == [0, 1]  # refused in the driver: no worker was hurt
 
 
 def test_write_during_a_running_stage_never_changes_what_it_reads(cluster):
