@@ -21,6 +21,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -123,6 +124,8 @@ class Executor:
         min_ref_bytes: Callable[[], int | None],
         version_floor: Callable[[int], int] = lambda epoch: epoch,
         window: int = 32,
+        speculation: bool = True,
+        speculation_factor: float = 2.0,
     ) -> None:
         self._paging = paging
         self._poll = poll
@@ -130,7 +133,9 @@ class Executor:
         self._min_ref_bytes = min_ref_bytes
         self._version_floor = version_floor
         self._trimmed_floor = 0
-        self._state = SchedulerState(window=window)
+        self._state = SchedulerState(
+            window=window, speculation=speculation, speculation_factor=speculation_factor
+        )
         self._events: queue.SimpleQueue[Callable[[SchedulerState], list] | None] = (
             queue.SimpleQueue()
         )
@@ -198,16 +203,17 @@ class Executor:
 
     def worker_added(self, worker: int, stub: pb_grpc.WorkerStub, address: str) -> None:
         self._endpoints[worker] = _Endpoint(worker, stub, address, self._unreachable)
-        self._post(lambda s: s.worker_added(worker))
+        self._post(lambda s: s.worker_added(worker, now=time.monotonic()))
 
     def worker_lost(self, worker: int, error: WorkerLostError) -> None:
         endpoint = self._endpoints.get(worker)
         if endpoint is not None:
             endpoint.close()
-        self._post(lambda s: s.worker_lost(worker, error))
+        self._post(lambda s: s.worker_lost(worker, error, now=time.monotonic()))
 
     def task_finished(self, worker: int, reports: Iterable[pb.TaskReport]) -> None:
         """The Scheduler's ``TaskFinished``: decode each report into an event."""
+        now = time.monotonic()
         for report in reports:
             self.tasks_run += 1
             if report.status == pb.OK:
@@ -218,14 +224,14 @@ class Executor:
                         f"the result of a task on worker {worker} cannot be unpickled in the "
                         f"driver: {type(exc).__name__}: {exc}"
                     )
-                    self._post(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e))
+                    self._post(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e, now=now))
                 else:
-                    self._post(lambda s, r=result: s.task_finished(worker, r))
+                    self._post(lambda s, r=result: s.task_finished(worker, r, now=now))
             else:
                 error = decode_exception(
                     report.error, report.traceback, report.error_type, report.error_message
                 )
-                self._post(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e))
+                self._post(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e, now=now))
 
     @staticmethod
     def _decode_result(worker: int, report: pb.TaskReport) -> TaskResult:
@@ -351,7 +357,7 @@ class Executor:
     @staticmethod
     def _submit(state: SchedulerState, stage_id: int, tasks: list, future) -> list:
         try:
-            return state.stage_submitted(stage_id, tasks)
+            return state.stage_submitted(stage_id, tasks, now=time.monotonic())
         except Exception as exc:  # noqa: BLE001 - e.g. bad task indices: the caller gets it
             future.set_exception(exc)
             return []
@@ -363,6 +369,7 @@ class Executor:
                     return future.result(timeout=POLL_INTERVAL)
                 except concurrent.futures.TimeoutError:
                     self._poll()
+                    self._post(lambda s: s.tick(time.monotonic()))  # stragglers: speculation
         except KeyboardInterrupt as interrupt:
             error = ClamorError(f"stage {stage_id} was interrupted")
             error.__cause__ = interrupt
@@ -463,6 +470,10 @@ class Executor:
 
     def snapshot(self) -> dict:
         return self._state.snapshot()
+
+    def counters(self) -> dict[str, int]:
+        """``tasks_rerun``, ``tasks_speculated``, ``tasks_lost`` (plain ints: safe from any thread)."""
+        return self._state.counters()
 
     def close(self) -> None:
         self._closed = True

@@ -1,25 +1,50 @@
 """The driver's scheduler: a pure state machine that places the tasks of stages on workers.
 
 Events come in as method calls (``stage_submitted``, ``task_finished``, ``worker_lost``,
-...); each returns a list of instructions (``Launch``, ``Cancel``, ``StageDone``, ...)
-that the driver loop carries out (gRPC calls, resolving the caller's future). No I/O,
+``tick``, ...); each returns a list of instructions (``Launch``, ``Cancel``, ``StageDone``,
+...) that the driver loop carries out (gRPC calls, resolving the caller's future). No I/O,
 threads or clock here: the same events always give the same instructions, so the policy
 is unit-tested without processes (like h11's ``_state.py`` and dask distributed's
-``worker_state_machine.py``).
+``worker_state_machine.py``). Time comes in as the events' ``now`` (monotonic seconds).
 
-Room for issue 4: speculation and recomputation become more events (e.g. ``tick(now)``)
-on the same pieces: ``_launch`` starts one more attempt of a task on a chosen worker,
-the first result for an index already wins, ``_enqueue`` puts a task back in its queues.
+Fault tolerance (DESIGN 6):
+
+- A worker runs its attempts one at a time, in launch order: the attempt at the head of
+  its queue started when it got there (the event in which the one before it ended, or its
+  own launch). An event without ``now`` leaves that start unknown until the next ``tick``,
+  which takes its own time (a lower bound of the running time: never speculates early).
+- A lost worker's unfinished attempts are queued again for the live workers (unless
+  another attempt of the same task still runs). The stage fails with the loss's error
+  instead if a task is pinned there, if a task was lost ``max_attempts`` times or if no
+  worker is left; with :class:`MissingPartitionError` if a pending task needs a partition
+  that is gone (the dataset layer recomputes it; the scheduler knows no lineage).
+- Speculation (``tick``): see :class:`~clamor.runtime.scheduler_policy.SpeculationPolicy`
+  for when a stage may speculate and which attempt is a straggler. A straggler (running,
+  not pinned, its task not speculated before) gets one copy on an idle worker (no
+  attempt running there; the one holding most of its inputs); no idle worker, no copy.
+- The first result per task index wins (accumulator updates merge exactly once); the
+  other attempts of that index are cancelled and their results ignored. A task error
+  fails the stage only if no other attempt of that index still runs.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from clamor.runtime.errors import MissingPartitionError, WorkerLostError
+from clamor.runtime.scheduler_policy import (
+    Registry,
+    SpeculationPolicy,
+    StageState,
+    WorkerState,
+    group,
+    pick_worker,
+    pop_pending,
+)
 from clamor.runtime.stage import DRIVER, PartitionKey, TaskSpec
 
 # --- instructions ------------------------------------------------------------
@@ -30,6 +55,7 @@ class Attempt:
     """One try at task ``index`` of ``stage`` (``id``: unique for the state's life).
 
     ``locations``: the holder (worker id or :data:`DRIVER`) of each of ``spec.inputs``.
+    ``speculative``: a copy of a straggling attempt still running elsewhere.
     """
 
     id: int
@@ -37,6 +63,7 @@ class Attempt:
     index: int
     spec: TaskSpec
     locations: dict[PartitionKey, int]
+    speculative: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,53 +130,6 @@ class PartitionsLost:
 Instruction = Launch | Cancel | StageDone | StageFailed | Drop | PartitionsLost
 
 
-# --- internal state ----------------------------------------------------------
-
-
-@dataclasses.dataclass(eq=False)
-class _Worker:
-    """A live worker: its running (launched, unfinished) attempt ids."""
-
-    running: set[int] = dataclasses.field(default_factory=set)
-    tasks_done: int = 0
-
-
-@dataclasses.dataclass(eq=False)
-class _Stage:
-    """An active stage. Pending indices sit in heaps (a popped index no longer pending is
-    skipped), so placing one of n tasks costs O(log n), not O(n)."""
-
-    id: int
-    specs: tuple[TaskSpec, ...]
-    pending: set[int] = dataclasses.field(default_factory=set)
-    #: worker -> heap of pending indices pinned to it (``spec.worker``).
-    pinned: dict[int, list[int]] = dataclasses.field(default_factory=dict)
-    #: worker -> heap of unpinned pending indices whose inputs it holds most of.
-    preferred: dict[int, list[int]] = dataclasses.field(default_factory=dict)
-    #: heap of every unpinned pending index.
-    unpinned: list[int] = dataclasses.field(default_factory=list)
-    #: running attempt id -> worker.
-    running: dict[int, int] = dataclasses.field(default_factory=dict)
-    results: dict[int, TaskResult] = dataclasses.field(default_factory=dict)
-
-
-def _pop_pending(stage: _Stage, heap: list[int] | None) -> int | None:
-    """The lowest index of ``heap`` still pending (removed from the heap), or ``None``."""
-    while heap:
-        index = heapq.heappop(heap)
-        if index in stage.pending:
-            return index
-    return None
-
-
-def _group(pairs: Iterable[tuple[int, Any]]) -> dict[int, list[Any]]:
-    """``[(worker, item), ...]`` -> ``{worker: [item, ...]}``, workers sorted."""
-    groups: dict[int, list[Any]] = {}
-    for worker, item in pairs:
-        groups.setdefault(worker, []).append(item)
-    return dict(sorted(groups.items()))
-
-
 # --- the state machine -------------------------------------------------------
 
 
@@ -158,26 +138,46 @@ class SchedulerState:
 
     ``window``: the most attempts queued on one worker at once (the per-worker
     limit is ``ceil(unfinished tasks / live workers)``, clamped to ``1..window``).
+    ``max_attempts``: how many attempts of one task may be lost with their worker
+    before its stage fails. ``speculation*``: see :class:`SpeculationPolicy`
+    (``speculation_min``: its ``minimum``, seconds).
     """
 
-    def __init__(self, window: int = 32) -> None:
-        if window < 1:
-            raise ValueError(f"window must be at least 1, not {window}")
+    def __init__(
+        self,
+        window: int = 32,
+        *,
+        max_attempts: int = 4,
+        speculation: bool = True,
+        speculation_factor: float = 2.0,
+        speculation_min: float = 0.05,
+        speculation_quantile: float = 0.25,
+    ) -> None:
+        if window < 1 or max_attempts < 1:
+            raise ValueError(f"window, max_attempts must be at least 1: {window}, {max_attempts}")
         self.window = window
-        self._workers: dict[int, _Worker] = {}
-        self._stages: dict[int, _Stage] = {}  # active stages, in submission (FIFO) order
+        self.max_attempts = max_attempts
+        self.policy = SpeculationPolicy(
+            speculation, speculation_factor, speculation_min, speculation_quantile
+        )
+        self._workers: dict[int, WorkerState] = {}
+        self._stages: dict[int, StageState] = {}  # active stages, in submission (FIFO) order
         self._submitted: set[int] = set()  # every stage id ever submitted
-        self._partitions: dict[PartitionKey, tuple[int, int]] = {}  # key -> (holder, nbytes)
+        self._partitions = Registry()
         self._attempts: dict[int, tuple[int, Attempt]] = {}  # running: id -> (worker, attempt)
+        self._speculative: set[int] = set()  # running attempts launched as copies
         self._next_attempt = 1
         self._batch: dict[int, dict[int, Attempt]] = {}  # attempts placed in this event
+        self._now: float | None = None  # the time of the event being handled
+        #: attempts relaunched because their worker was lost, speculative copies launched,
+        #: attempts lost with their worker
+        self.tasks_rerun = self.tasks_speculated = self.tasks_lost = 0
 
     # --- queries ---------------------------------------------------------------
 
     def holder(self, key: PartitionKey) -> int | None:
         """The live worker (or :data:`DRIVER`) holding ``key``; ``None`` if nobody does."""
-        entry = self._partitions.get(key)
-        return None if entry is None else entry[0]
+        return self._partitions.holder(key)
 
     @property
     def workers(self) -> list[int]:
@@ -198,61 +198,80 @@ class SchedulerState:
         state = self._workers.get(worker)
         return () if state is None else tuple(sorted(state.running))
 
+    def counters(self) -> dict[str, int]:
+        """Fault-tolerance counters since the state was made."""
+        return {
+            "tasks_rerun": self.tasks_rerun,
+            "tasks_speculated": self.tasks_speculated,
+            "tasks_lost": self.tasks_lost,
+        }
+
     def snapshot(self) -> dict[str, Any]:
-        """Plain data for progress bars and dashboards (active stages only)."""
+        """Plain data for progress bars and dashboards (active stages only).
+
+        ``speculative``: the ids of the running speculative copies (per stage: how many).
+        """
+        copies = group((self._attempts[a][1].stage, a) for a in self._speculative)
         stages = {}
         for st in self._stages.values():
             total, pending, done = len(st.specs), len(st.pending), len(st.results)
             running = total - pending - done
-            stages[st.id] = {"total": total, "pending": pending, "running": running, "done": done}
+            stages[st.id] = {
+                "total": total, "pending": pending, "running": running, "done": done,
+                "speculative": len(copies.get(st.id, ())),
+            }  # fmt: skip
         return {
             "stages": stages,
             "workers": {
                 w: {"running": len(s.running), "tasks_done": s.tasks_done}
                 for w, s in sorted(self._workers.items())
             },
-            "partitions": len(self._partitions),
-            "partition_bytes": sum(nbytes for _, nbytes in self._partitions.values()),
+            "partitions": len(self._partitions.entries),
+            "partition_bytes": sum(nbytes for _, nbytes in self._partitions.entries.values()),
             "limit": self.limit,
+            "speculative": sorted(self._speculative),
+            **self.counters(),
         }
 
     # --- events ----------------------------------------------------------------
 
-    def worker_added(self, worker: int) -> list[Instruction]:
+    def worker_added(self, worker: int, *, now: float | None = None) -> list[Instruction]:
         """A new live worker: give it pending work."""
         if worker == DRIVER or worker in self._workers:
             raise ValueError(f"worker {worker} is already known (or is the DRIVER id)")
-        self._workers[worker] = _Worker()
+        self._now = now
+        self._workers[worker] = WorkerState()
         return self._refill([])
 
-    def worker_lost(self, worker: int, error: BaseException) -> list[Instruction]:
-        """A worker is gone: lose its partitions, fail the stages that relied on it.
+    def worker_lost(
+        self, worker: int, error: BaseException, *, now: float | None = None
+    ) -> list[Instruction]:
+        """A worker is gone: lose its partitions, run its unfinished attempts elsewhere.
 
-        With ``error`` if one had an attempt running or a pending task pinned there; with
-        :class:`MissingPartitionError` if a pending task needs a partition held there.
+        Stages fail with ``error`` if a task is pinned there, was lost ``max_attempts``
+        times, or no worker is left; with :class:`MissingPartitionError` if a pending
+        task needs a partition held there.
         """
-        if worker not in self._workers:
+        state = self._workers.get(worker)
+        if state is None:
             return []
-        hit = {self._attempts[a][1].stage for a in self.running(worker)}
-        for attempt_id in self.running(worker):
-            self._forget(worker, attempt_id)  # never cancelled: nothing goes to a lost worker
+        self._now = now
+        lost = [self._attempts[a][1] for a in list(state.running)]
+        for attempt in lost:
+            self._forget(worker, attempt.id)  # never cancelled: nothing goes to a lost worker
         del self._workers[worker]
+        self.tasks_lost += len(lost)
         out: list[Instruction] = []
-        lost = [key for key, (holder, _) in self._partitions.items() if holder == worker]
-        for key in lost:
-            del self._partitions[key]
-        if lost:
-            out.append(PartitionsLost(tuple(lost)))
+        if keys := self._partitions.lose(worker):
+            out.append(PartitionsLost(tuple(keys)))
+        hit = group((a.stage, a.index) for a in lost)
         for stage in list(self._stages.values()):
-            pending = sorted(stage.pending)
-            if stage.id in hit or any(stage.specs[i].worker == worker for i in pending):
-                out += self._fail(stage, error)
-            elif missing := self._missing(stage, pending):
-                out += self._fail(stage, MissingPartitionError(missing))
-            # (no task of a surviving stage preferred the lost worker: it read nothing there)
+            out += self._recover(stage, worker, sorted(hit.get(stage.id, ())), error)
         return self._refill(out)
 
-    def stage_submitted(self, stage: int, tasks: Sequence[TaskSpec]) -> list[Instruction]:
+    def stage_submitted(
+        self, stage: int, tasks: Sequence[TaskSpec], *, now: float | None = None
+    ) -> list[Instruction]:
         """Queue a stage's tasks (FIFO after the active stages) and place what fits.
 
         ``ValueError`` for a stage id seen before or indices other than 0..n-1; a task
@@ -262,6 +281,7 @@ class SchedulerState:
             raise ValueError(f"stage {stage} was already submitted")
         if {t.index for t in tasks} != set(range(len(tasks))):
             raise ValueError(f"stage {stage}: task indices must be 0..{len(tasks) - 1}, once each")
+        self._now = now
         self._submitted.add(stage)
         specs = tuple(sorted(tasks, key=lambda t: t.index))
         if not specs:
@@ -269,7 +289,7 @@ class SchedulerState:
         dead = sorted({t.worker for t in specs if t.worker is not None} - set(self._workers))
         if dead:
             return [StageFailed(stage, WorkerLostError(dead[0], "not a live worker"))]
-        state = _Stage(stage, specs)
+        state = StageState(stage, specs)
         if missing := self._missing(state, range(len(specs))):
             return [StageFailed(stage, MissingPartitionError(missing))]
         self._stages[stage] = state
@@ -277,43 +297,73 @@ class SchedulerState:
             self._enqueue(state, index)
         return self._refill([])
 
-    def task_finished(self, worker: int, result: TaskResult) -> list[Instruction]:
+    def task_finished(
+        self, worker: int, result: TaskResult, *, now: float | None = None
+    ) -> list[Instruction]:
         """An attempt succeeded: the first result per index wins, the worker is refilled.
 
-        The winner's ``outputs`` enter the registry. Results of unknown or cancelled
-        attempts, or reported by another worker than the attempt's, are ignored.
+        The winner's ``outputs`` enter the registry and the other attempts of its index
+        are cancelled. Results of unknown or cancelled attempts, or reported by another
+        worker than the attempt's, are ignored (outputs they left on a live worker that
+        the registry has elsewhere are dropped there).
         """
+        self._now = now
         attempt = self._forget(worker, result.attempt)
         if attempt is None:
-            return []
+            stale = [k for k in result.outputs if self.holder(k) not in (None, worker)]
+            return [Drop(worker, tuple(stale))] if stale and worker in self._workers else []
         stage = self._stages[attempt.stage]
         out: list[Instruction] = []
         if attempt.index not in stage.results:
             stage.results[attempt.index] = result
+            bisect.insort(stage.durations, result.duration)
             self._workers[worker].tasks_done += 1
             out += self._register(worker, result.outputs)
+            out += self._cancel(stage, stage.copies.get(attempt.index, ()))
             if len(stage.results) == len(stage.specs):
                 del self._stages[stage.id]
                 results = tuple(stage.results[i] for i in range(len(stage.specs)))
                 out.append(StageDone(stage.id, results))
         return self._refill(out)
 
-    def task_failed(self, worker: int, attempt: int, error: BaseException) -> list[Instruction]:
-        """An attempt raised: its stage fails with ``error`` (other stages go on)."""
+    def task_failed(
+        self, worker: int, attempt: int, error: BaseException, *, now: float | None = None
+    ) -> list[Instruction]:
+        """An attempt raised: its stage fails with ``error`` (other stages go on).
+
+        Not if another attempt of that index still runs: only this one is dropped. If
+        some of the attempt's inputs are held by nobody now, the error becomes a
+        :class:`MissingPartitionError` for them (``__cause__``: ``error``).
+        """
+        self._now = now
         failed = self._forget(worker, attempt)
         if failed is None:
             return []
-        return self._refill(self._fail(self._stages[failed.stage], error))
+        stage = self._stages[failed.stage]
+        if failed.index in stage.copies:
+            return self._refill([])
+        missing = self._partitions.missing(failed.spec.inputs)
+        if missing and not isinstance(error, MissingPartitionError):
+            missing_error = MissingPartitionError(missing)
+            missing_error.__cause__ = error
+            error = missing_error
+        return self._refill(self._fail(stage, error))
 
-    def stage_cancelled(self, stage: int, error: BaseException) -> list[Instruction]:
+    def stage_cancelled(
+        self, stage: int, error: BaseException, *, now: float | None = None
+    ) -> list[Instruction]:
         """The caller gave up on a stage: it fails with ``error``; ``[]`` if not active."""
+        self._now = now
         state = self._stages.get(stage)
         return [] if state is None else self._refill(self._fail(state, error))
 
-    def partitions_added(self, holder: int, sizes: dict[PartitionKey, int]) -> list[Instruction]:
+    def partitions_added(
+        self, holder: int, sizes: dict[PartitionKey, int], *, now: float | None = None
+    ) -> list[Instruction]:
         """``holder`` (a live worker or DRIVER) keeps these now; a stale copy elsewhere: Drop."""
         if holder != DRIVER and holder not in self._workers:
             raise ValueError(f"holder {holder} is neither the DRIVER nor a live worker")
+        self._now = now
         out = self._register(holder, sizes)
         if holder != DRIVER:
             for stage in self._stages.values():
@@ -325,12 +375,16 @@ class SchedulerState:
 
         A pending task needing one of them fails its stage when it would launch.
         """
-        gone = []
-        for key in keys:
-            entry = self._partitions.pop(key, None)
-            if entry is not None:
-                gone.append((entry[0], key))
-        return [Drop(holder, tuple(ks)) for holder, ks in _group(gone).items()]
+        return [Drop(holder, tuple(ks)) for holder, ks in self._partitions.remove(keys).items()]
+
+    def tick(self, now: float) -> list[Instruction]:
+        """Time passes: launch speculative copies of stragglers (see the module doc)."""
+        self._now = now
+        for state in self._workers.values():
+            if state.head is not None and state.since is None:
+                state.since = now  # started at an event without ``now``: at the latest now
+        self._speculate(now)
+        return self._flush([])
 
     # --- helpers ---------------------------------------------------------------
 
@@ -339,30 +393,58 @@ class SchedulerState:
         entry = self._attempts.get(attempt_id)
         if entry is None or entry[0] != worker:
             return None
+        attempt = entry[1]
         del self._attempts[attempt_id]
-        self._workers[worker].running.discard(attempt_id)
-        del self._stages[entry[1].stage].running[attempt_id]
-        return entry[1]
+        self._speculative.discard(attempt_id)
+        state = self._workers[worker]
+        del state.running[attempt_id]
+        self._set_head(state)
+        stage = self._stages[attempt.stage]
+        del stage.running[attempt_id]
+        copies = stage.copies[attempt.index]
+        copies.remove(attempt_id)
+        if not copies:
+            del stage.copies[attempt.index]
+        return attempt
 
-    def _missing(self, stage: _Stage, indices: Iterable[int]) -> list[PartitionKey]:
+    def _set_head(self, state: WorkerState) -> None:
+        """After ``state.running`` changed: a new head started now."""
+        head = next(iter(state.running), None)
+        if head != state.head:
+            state.head, state.since = head, None if head is None else self._now
+
+    def _recover(
+        self, stage: StageState, worker: int, lost: list[int], error: BaseException
+    ) -> list[Instruction]:
+        """``worker`` was lost with attempts of these indices: queue them again, or fail."""
+        if not self._workers:
+            return self._fail(stage, error)
+        pinned = stage.pinned.pop(worker, [])
+        stage.preferred.pop(worker, None)
+        if any(stage.specs[i].worker == worker for i in lost) or any(
+            i in stage.pending for i in pinned
+        ):
+            return self._fail(stage, error)
+        again = []
+        for index in lost:
+            stage.losses[index] = stage.losses.get(index, 0) + 1
+            if index in stage.copies:
+                continue  # another attempt of it still runs
+            if stage.losses[index] >= self.max_attempts:
+                return self._fail(stage, error)
+            again.append(index)
+        for index in again:
+            stage.rerun.add(index)
+            self._enqueue(stage, index)
+        if missing := self._missing(stage, sorted(stage.pending)):
+            return self._fail(stage, MissingPartitionError(missing))
+        return []
+
+    def _missing(self, stage: StageState, indices: Iterable[int]) -> list[PartitionKey]:
         """The input keys of these tasks that nobody holds, first-seen order, once each."""
-        missing: dict[PartitionKey, None] = {}
-        for index in indices:
-            for key in stage.specs[index].inputs:
-                if key not in self._partitions:
-                    missing[key] = None
-        return list(missing)
+        return self._partitions.missing(k for i in indices for k in stage.specs[i].inputs)
 
-    def _preferred(self, spec: TaskSpec) -> int | None:
-        """The live worker holding the most bytes of ``spec.inputs`` (lowest id on ties)."""
-        held: dict[int, int] = {}
-        for key in spec.inputs:
-            entry = self._partitions.get(key)
-            if entry is not None and entry[0] != DRIVER:
-                held[entry[0]] = held.get(entry[0], 0) + entry[1]
-        return min(held, key=lambda w: (-held[w], w)) if held else None
-
-    def _enqueue(self, stage: _Stage, index: int) -> None:
+    def _enqueue(self, stage: StageState, index: int) -> None:
         """Make task ``index`` pending, in the queue its pin or preference says."""
         spec = stage.specs[index]
         stage.pending.add(index)
@@ -370,11 +452,11 @@ class SchedulerState:
             heapq.heappush(stage.pinned.setdefault(spec.worker, []), index)
             return
         heapq.heappush(stage.unpinned, index)
-        preferred = self._preferred(spec)
-        if preferred is not None:
-            heapq.heappush(stage.preferred.setdefault(preferred, []), index)
+        held = self._partitions.held(spec.inputs)
+        if held:
+            heapq.heappush(stage.preferred.setdefault(pick_worker(held, held), []), index)
 
-    def _requeue(self, stage: _Stage) -> None:
+    def _requeue(self, stage: StageState) -> None:
         """Rebuild a stage's queues (after the registry changed under its preferences)."""
         stage.pinned, stage.preferred, stage.unpinned = {}, {}, []
         for index in sorted(stage.pending):
@@ -382,45 +464,91 @@ class SchedulerState:
 
     def _register(self, holder: int, sizes: dict[PartitionKey, int]) -> list[Instruction]:
         """Enter partitions held by ``holder``; copies displaced from other holders are dropped."""
-        displaced = []
-        for key, nbytes in sizes.items():
-            old = self._partitions.get(key)
-            if old is not None and old[0] != holder:
-                displaced.append((old[0], key))
-            self._partitions[key] = (holder, nbytes)
-        return [Drop(h, tuple(ks)) for h, ks in _group(displaced).items()]
+        return [Drop(h, tuple(ks)) for h, ks in self._partitions.add(holder, sizes).items()]
 
-    def _fail(self, stage: _Stage, error: BaseException) -> list[Instruction]:
-        """End a stage with ``error``: drop its pending tasks, cancel its running attempts
-        (those placed in this same event were never sent: they just leave the batch)."""
+    def _cancel(self, stage: StageState, attempt_ids: Iterable[int]) -> list[Instruction]:
+        """Stop these running attempts of ``stage``: one Cancel per worker (those placed
+        in this same event were never sent: they just leave the batch)."""
         cancels = []
-        for attempt_id, worker in sorted(stage.running.items()):
+        for attempt_id in sorted(attempt_ids):
+            worker = stage.running[attempt_id]
             self._forget(worker, attempt_id)
             if self._batch.get(worker, {}).pop(attempt_id, None) is None:
                 cancels.append((worker, attempt_id))
+        return [Cancel(w, tuple(ids)) for w, ids in group(cancels).items()]
+
+    def _fail(self, stage: StageState, error: BaseException) -> list[Instruction]:
+        """End a stage with ``error``: drop its pending tasks, cancel its running attempts."""
+        cancels = self._cancel(stage, list(stage.running))
         stage.pending.clear()
         del self._stages[stage.id]
-        out: list[Instruction] = [StageFailed(stage.id, error)]
-        return out + [Cancel(w, tuple(ids)) for w, ids in _group(cancels).items()]
+        return [StageFailed(stage.id, error), *cancels]
 
-    def _launch(self, stage: _Stage, index: int, worker: int, out: list[Instruction]) -> bool:
-        """Batch an attempt of ``index`` for ``worker`` (``False``: an input is gone, failed)."""
-        spec = stage.specs[index]
-        if any(key not in self._partitions for key in spec.inputs):
-            missing = self._missing(stage, sorted(stage.pending))  # ``index`` included
-            out += self._fail(stage, MissingPartitionError(missing))
-            return False
-        locations = {key: self._partitions[key][0] for key in spec.inputs}
-        stage.pending.discard(index)
-        attempt = Attempt(self._next_attempt, stage.id, index, spec, locations)
+    def _start(
+        self, stage: StageState, index: int, worker: int, speculative: bool = False
+    ) -> Attempt:
+        """Batch a new attempt of ``index`` for ``worker`` (its inputs are all held)."""
+        locations = {k: self._partitions.entries[k][0] for k in stage.specs[index].inputs}
+        attempt = Attempt(
+            self._next_attempt, stage.id, index, stage.specs[index], locations, speculative
+        )
         self._next_attempt += 1
         self._attempts[attempt.id] = (worker, attempt)
         stage.running[attempt.id] = worker
-        self._workers[worker].running.add(attempt.id)
+        stage.copies.setdefault(index, []).append(attempt.id)
+        state = self._workers[worker]
+        state.running[attempt.id] = None
+        self._set_head(state)
         self._batch.setdefault(worker, {})[attempt.id] = attempt
+        return attempt
+
+    def _launch(self, stage: StageState, index: int, worker: int, out: list[Instruction]) -> bool:
+        """Batch pending ``index`` for ``worker`` (``False``: an input is gone, failed)."""
+        if any(key not in self._partitions for key in stage.specs[index].inputs):
+            missing = self._missing(stage, sorted(stage.pending))  # ``index`` included
+            out += self._fail(stage, MissingPartitionError(missing))
+            return False
+        stage.pending.discard(index)
+        if index in stage.rerun:
+            stage.rerun.discard(index)
+            self.tasks_rerun += 1
+        self._start(stage, index, worker)
         return True
 
-    def _place_stage(self, stage: _Stage, room: dict[int, int], out: list[Instruction]) -> bool:
+    def _speculate(self, now: float) -> None:
+        """Batch one copy of each straggler on an idle worker, longest running first."""
+        idle = {w for w, s in self._workers.items() if not s.running}
+        ready = {
+            st.id: self.policy.threshold(st.durations)
+            for st in self._stages.values()
+            if self.policy.ready(len(st.specs), len(st.results), len(st.pending))
+        }
+        if not idle or not ready:
+            return
+        stragglers = []
+        for state in self._workers.values():
+            if state.head is None or state.since is None:
+                continue
+            attempt = self._attempts[state.head][1]
+            threshold = ready.get(attempt.stage)
+            if threshold is not None and now - state.since > threshold:
+                stragglers.append((state.since, attempt.id, attempt))
+        for _, _, attempt in sorted(stragglers):
+            stage = self._stages[attempt.stage]
+            spec = attempt.spec
+            if spec.worker is not None or attempt.index in stage.speculated:
+                continue
+            if any(key not in self._partitions for key in spec.inputs):
+                continue  # the original has what it needs; a copy would not
+            target = pick_worker(idle, self._partitions.held(spec.inputs))
+            idle.discard(target)
+            stage.speculated.add(attempt.index)
+            self._speculative.add(self._start(stage, attempt.index, target, True).id)
+            self.tasks_speculated += 1
+            if not idle:
+                return
+
+    def _place_stage(self, stage: StageState, room: dict[int, int], out: list[Instruction]) -> bool:
         """Give a stage's pending tasks to workers with room; ``False`` if the stage failed.
 
         Pinned tasks first, then tasks go to their preferred worker, then any other
@@ -429,7 +557,7 @@ class SchedulerState:
         for queues in (stage.pinned, stage.preferred):
             for worker, queue in sorted(queues.items()):
                 while room.get(worker, 0) > 0:
-                    index = _pop_pending(stage, queue)
+                    index = pop_pending(stage.pending, queue)
                     if index is None:
                         break
                     if not self._launch(stage, index, worker, out):
@@ -438,7 +566,7 @@ class SchedulerState:
         free = [(-r, w) for w, r in room.items() if r > 0]
         heapq.heapify(free)
         while free:
-            index = _pop_pending(stage, stage.unpinned)
+            index = pop_pending(stage.pending, stage.unpinned)
             if index is None:
                 break
             _, worker = heapq.heappop(free)
@@ -462,6 +590,10 @@ class SchedulerState:
                 if stage.pending and not self._place_stage(stage, room, out):
                     placing = True  # a stage failed and freed slots: place again
                     break
+        return self._flush(out)
+
+    def _flush(self, out: list[Instruction]) -> list[Instruction]:
+        """Append one Launch per worker for the attempts batched in this event."""
         for worker, attempts in sorted(self._batch.items()):
             if attempts:
                 out.append(Launch(worker, tuple(attempts.values())))

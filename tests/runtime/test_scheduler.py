@@ -23,6 +23,7 @@ from clamor.runtime.scheduler import (
     StageFailed,
     TaskResult,
 )
+from clamor.runtime.scheduler_policy import SpeculationPolicy
 from clamor.runtime.stage import DRIVER, TaskSpec
 
 # --- helpers -----------------------------------------------------------------
@@ -55,11 +56,18 @@ def indices(attempts: list[Attempt]) -> list[int]:
     return [a.index for a in attempts]
 
 
-def finish(state: SchedulerState, attempt: Attempt, worker: int | None = None, **kw):
+def finish(
+    state: SchedulerState,
+    attempt: Attempt,
+    worker: int | None = None,
+    now: float | None = None,
+    **kw,
+):
     """Report ``attempt`` as finished on its worker (value defaults to its index)."""
     worker = worker if worker is not None else worker_of(state, attempt)
     kw.setdefault("value", attempt.index)
-    return state.task_finished(worker, TaskResult(attempt.index, worker, attempt.id, **kw))
+    result = TaskResult(attempt.index, worker, attempt.id, **kw)
+    return state.task_finished(worker, result, now=now)
 
 
 def worker_of(state: SchedulerState, attempt: Attempt) -> int:
@@ -141,7 +149,9 @@ def test_window_caps_the_attempts_queued_on_a_worker():
     state = cluster(0, 1, window=3)
     placed = launched(state.stage_submitted(1, tasks(100)))
     assert [len(placed[0]), len(placed[1])] == [3, 3]
-    assert state.snapshot()["stages"][1] == {"total": 100, "pending": 94, "running": 6, "done": 0}
+    assert state.snapshot()["stages"][1] == {
+        "total": 100, "pending": 94, "running": 6, "done": 0, "speculative": 0,
+    }  # fmt: skip
 
 
 def test_a_finished_attempt_is_refilled_on_the_same_worker():
@@ -534,19 +544,28 @@ def test_losing_a_worker_loses_its_partitions():
     assert state.workers == [1]
 
 
-def test_losing_a_worker_fails_the_stages_running_on_it():
+def test_a_lost_workers_attempts_run_elsewhere_and_the_stage_completes():
     state = cluster(0, 1)
     placed = launched(state.stage_submitted(1, tasks(4)))
-    error = WorkerLostError(0, "exit 1")
-    out = state.worker_lost(0, error)
-    assert out == [StageFailed(1, error), Cancel(1, tuple(a.id for a in placed[1]))]
+    out = state.worker_lost(0, WorkerLostError(0, "exit 1"))
+    rerun = launched(out)
+    assert list(rerun) == [1] and of(out, StageFailed) == []
+    assert indices(placed[0]) == indices(rerun[1]) == [0, 2]  # in index order, new attempts
+    assert {a.id for a in rerun[1]}.isdisjoint(a.id for a in placed[0])
+    assert state.counters() == {"tasks_rerun": 2, "tasks_speculated": 0, "tasks_lost": 2}
+    for attempt in placed[1]:
+        assert finish(state, attempt) == []
+    assert finish(state, rerun[1][0]) == []
+    (done,) = finish(state, rerun[1][1])
+    assert [r.value for r in done.results] == [0, 1, 2, 3]
+    assert {r.worker for r in done.results} == {1}
 
 
 def test_nothing_is_sent_to_a_lost_worker():
     state = cluster(0, 1)
     launched(state.stage_submitted(1, tasks(4)))
     out = state.worker_lost(0, WorkerLostError(0, "gone"))
-    assert [type(i) for i in out] == [StageFailed, Cancel]
+    assert [type(i) for i in out] == [Launch]
     assert all(getattr(i, "worker", None) != 0 for i in out)
     assert list(launched(state.stage_submitted(2, tasks(4)))) == [1]
 
@@ -565,14 +584,19 @@ def test_losing_a_worker_fails_stages_needing_its_partitions():
     assert second.stage == 2 and second.error.keys == ["only-here"]  # it needed its data
 
 
-def test_losing_a_worker_moves_pending_work_to_the_others():
+def test_a_rerun_keeps_its_stages_place_in_the_fifo_order():
     state = cluster(0, 1, window=1)
     placed = launched(state.stage_submitted(1, tasks(2)))
     state.stage_submitted(2, tasks(2))  # pending: both workers are full
-    error = WorkerLostError(0, "gone")
-    out = state.worker_lost(0, error)
-    assert out[:2] == [StageFailed(1, error), Cancel(1, (placed[1][0].id,))]
-    assert [(a.stage, a.index) for a in launched(out)[1]] == [(2, 0)]
+    assert state.worker_lost(0, WorkerLostError(0, "gone")) == []  # worker 1 is still full
+    assert state.counters()["tasks_rerun"] == 0  # counted when relaunched
+    out = finish(state, placed[1][0])
+    (rerun,) = launched(out)[1]
+    assert (rerun.stage, rerun.index) == (1, 0)  # stage 1 first...
+    assert state.counters()["tasks_rerun"] == 1
+    out = finish(state, rerun)
+    assert of(out, StageDone)[0].stage == 1
+    assert [(a.stage, a.index) for a in launched(out)[1]] == [(2, 0)]  # ...then stage 2
 
 
 def test_a_free_worker_takes_a_task_whose_preferred_worker_is_busy():
@@ -632,111 +656,568 @@ def test_snapshot_counts_stages_workers_and_partitions():
     placed = launched(state.stage_submitted(1, tasks(10)))
     finish(state, placed[0][0], outputs={"o": 3})
     assert state.snapshot() == {
-        "stages": {1: {"total": 10, "pending": 5, "running": 4, "done": 1}},
+        "stages": {1: {"total": 10, "pending": 5, "running": 4, "done": 1, "speculative": 0}},
         "workers": {0: {"running": 2, "tasks_done": 1}, 1: {"running": 2, "tasks_done": 0}},
         "partitions": 2,
         "partition_bytes": 10,
         "limit": 2,
+        "speculative": [],
+        "tasks_rerun": 0,
+        "tasks_speculated": 0,
+        "tasks_lost": 0,
     }
+
+
+# --- reruns after a lost worker ----------------------------------------------
+
+
+def test_a_task_running_on_the_worker_it_is_pinned_to_fails_its_stage_with_it():
+    state = cluster(0, 1)
+    placed = launched(state.stage_submitted(1, [TaskSpec(0, worker=0), TaskSpec(1)]))
+    error = WorkerLostError(0, "gone")
+    out = state.worker_lost(0, error)
+    assert out == [StageFailed(1, error), Cancel(1, (placed[1][0].id,))]
+    assert state.counters()["tasks_rerun"] == 0
+
+
+@pytest.mark.parametrize("max_attempts", [1, 2, 4])
+def test_a_task_lost_max_attempts_times_fails_its_stage(max_attempts):
+    state = SchedulerState(max_attempts=max_attempts)
+    for worker in range(5):
+        state.worker_added(worker)
+    (attempt,) = launched(state.stage_submitted(1, tasks(1)))[0]
+    error = WorkerLostError(0, "the task kills its worker")
+    for lost in range(1, max_attempts):
+        out = state.worker_lost(worker_of(state, attempt), error)
+        (attempt,) = launched(out)[lost]  # the next live worker
+        assert state.counters()["tasks_rerun"] == lost
+    assert state.worker_lost(worker_of(state, attempt), error) == [StageFailed(1, error)]
+    assert state.counters()["tasks_lost"] == max_attempts
+    assert state.snapshot()["stages"] == {}
+
+
+def test_max_attempts_count_per_task():
+    state = SchedulerState(max_attempts=2)
+    for worker in range(6):
+        state.worker_added(worker)
+    launched(state.stage_submitted(1, tasks(3)))  # on workers 0, 1 and 2
+    for worker in (0, 1, 2):  # each task lost once: under the limit, rerun on 3, 4, 5
+        out = state.worker_lost(worker, WorkerLostError(worker, "gone"))
+        assert of(out, StageFailed) == [] and list(launched(out)) == [worker + 3]
+    error = WorkerLostError(3, "gone")
+    assert state.worker_lost(3, error)[0] == StageFailed(1, error)  # task 0, a second time
+
+
+def test_losing_every_worker_fails_the_active_stages():
+    state = cluster(0, window=1)
+    launched(state.stage_submitted(1, tasks(3)))
+    state.stage_submitted(2, tasks(1))  # pending only
+    error = WorkerLostError(0, "gone")
+    assert state.worker_lost(0, error) == [StageFailed(1, error), StageFailed(2, error)]
+    assert state.snapshot()["stages"] == {}
+    assert state.worker_added(1) == []  # nothing left to run
+
+
+def test_a_rerun_task_whose_input_was_on_the_lost_worker_fails_with_missing_partition():
+    state = cluster(0, 1)
+    state.partitions_added(0, {"k": 1})
+    launched(state.stage_submitted(1, [TaskSpec(0, inputs=("k",))]))
+    (failed,) = of(state.worker_lost(0, WorkerLostError(0, "gone")), StageFailed)
+    assert isinstance(failed.error, MissingPartitionError) and failed.error.keys == ["k"]
+
+
+def test_results_already_received_are_kept_after_a_loss():
+    state = cluster(0, 1, window=1)
+    placed = launched(state.stage_submitted(1, tasks(3)))
+    out = finish(state, placed[0][0], value="kept")  # worker 0 takes task 2
+    (third,) = launched(out)[0]
+    out = state.worker_lost(0, WorkerLostError(0, "gone")) + finish(state, placed[1][0])
+    (rerun,) = launched(out)[1]
+    assert rerun.index == third.index == 2
+    (done,) = finish(state, rerun)
+    assert [r.value for r in done.results] == ["kept", 1, 2]
+
+
+def test_a_task_error_reading_a_partition_lost_since_becomes_missing_partition():
+    state = cluster(0, 1, window=1)
+    state.partitions_added(1, {"k": 1})
+    launched(state.stage_submitted(1, [TaskSpec(0, worker=1)]))  # keeps worker 1 busy
+    (attempt,) = launched(state.stage_submitted(2, [TaskSpec(0, inputs=("k",))]))[0]
+    assert attempt.locations == {"k": 1}
+    state.worker_lost(1, WorkerLostError(1, "gone"))
+    cause = RuntimeError("cannot fetch partition 'k' from worker 1")
+    (failed,) = state.task_failed(0, attempt.id, cause)
+    assert isinstance(failed.error, MissingPartitionError) and failed.error.keys == ["k"]
+    assert failed.error.__cause__ is cause
+
+
+def test_a_lost_worker_with_nothing_running_changes_no_stage():
+    state = cluster(0, 1)
+    (attempt,) = launched(state.stage_submitted(1, tasks(1)))[0]
+    assert state.worker_lost(1, WorkerLostError(1, "gone")) == []
+    assert state.counters() == {"tasks_rerun": 0, "tasks_speculated": 0, "tasks_lost": 0}
+    assert isinstance(finish(state, attempt)[0], StageDone)
+
+
+# --- time and speculation ----------------------------------------------------
+
+
+def straggling(state: SchedulerState, n: int = 3) -> tuple[Attempt, list[Attempt]]:
+    """``n`` tasks on ``n`` workers launched at 0: all but task 0 finish at 1.0 in 1.0 s.
+
+    Returns task 0's attempt (on worker 0) and the others.
+    """
+    placed = launched(state.stage_submitted(1, tasks(n), now=0.0))
+    assert sorted(placed) == list(range(n)) and all(len(a) == 1 for a in placed.values())
+    others = [placed[w][0] for w in range(1, n)]
+    for attempt in others:
+        assert finish(state, attempt, now=1.0, duration=1.0) == []
+    return placed[0][0], others
+
+
+def test_a_straggler_gets_one_copy_on_an_idle_worker_after_factor_times_median():
+    state = cluster(0, 1, 2)
+    original, _ = straggling(state)
+    assert state.tick(1.5) == []
+    assert state.tick(2.0) == []  # running for 2.0 s: not more than 2 x median 1.0
+    out = state.tick(2.01)
+    (copy,) = launched(out)[1]  # the lowest idle worker
+    assert (copy.stage, copy.index, copy.speculative) == (1, 0, True)
+    assert copy.id != original.id and not original.speculative
+    assert state.snapshot()["speculative"] == [copy.id]
+    assert state.snapshot()["stages"][1]["speculative"] == 1
+    assert state.snapshot()["stages"][1]["running"] == 1  # tasks, not attempts
+    assert state.counters()["tasks_speculated"] == 1
+    assert state.tick(50.0) == []  # one copy per task, ever
+
+
+def test_the_first_result_wins_and_the_other_attempt_is_cancelled():
+    state = cluster(0, 1, 2)
+    original, _ = straggling(state)
+    (copy,) = launched(state.tick(3.0))[1]
+    out = finish(state, copy, now=3.5, duration=0.5, outputs={"out": 8})
+    assert out[:1] == [Cancel(0, (original.id,))]
+    (done,) = out[1:]
+    assert done.results[0].worker == 1 and done.results[0].attempt == copy.id
+    assert state.holder("out") == 1 and state.snapshot()["speculative"] == []
+    # the loser's result comes anyway (it was on its way): ignored, its stale output dropped
+    assert finish(state, original, worker=0, now=4.0, outputs={"out": 8}) == [Drop(0, ("out",))]
+
+
+def test_the_original_winning_cancels_the_copy():
+    state = cluster(0, 1, 2)
+    original, _ = straggling(state)
+    (copy,) = launched(state.tick(3.0))[1]
+    out = finish(state, original, now=3.1)
+    assert out[0] == Cancel(1, (copy.id,)) and isinstance(out[1], StageDone)
+    assert state.running(1) == ()
+
+
+def test_both_copies_finishing_still_give_one_result_per_index():
+    state = cluster(0, 1, 2, 3)
+    original, others = straggling(state, n=4)
+    out = state.tick(3.0)
+    (copy,) = launched(out)[1]
+    updates = {7: [(0, "once")]}
+    (cancel, done) = finish(state, copy, now=3.2, accumulator_updates=updates)
+    assert cancel == Cancel(0, (original.id,))
+    assert finish(state, original, worker=0, now=3.3, accumulator_updates=updates) == []
+    assert [r.index for r in done.results] == [0, 1, 2, 3]
+    assert [r.attempt for r in done.results] == [copy.id] + [a.id for a in others]
+    assert sum(bool(r.accumulator_updates) for r in done.results) == 1
+
+
+def test_no_speculation_without_an_idle_worker():
+    state = cluster(0, 1)
+    placed = launched(state.stage_submitted(1, tasks(4), now=0.0))  # two each
+    out = finish(state, placed[1][0], now=1.0, duration=1.0)
+    assert out == []  # worker 1 now runs its second attempt
+    assert state.tick(10.0) == []  # both workers busy with stragglers
+    out = state.worker_added(2, now=10.0)
+    assert out == []  # nothing pending
+    (copy,) = launched(state.tick(10.1))[2]
+    assert copy.index == placed[0][0].index  # the longest-running straggler first
+
+
+def test_no_speculation_for_pinned_tasks():
+    state = cluster(0, 1, 2)
+    specs = [TaskSpec(0, worker=0), TaskSpec(1), TaskSpec(2)]
+    placed = launched(state.stage_submitted(1, specs, now=0.0))
+    for worker in (1, 2):
+        finish(state, placed[worker][0], now=1.0, duration=1.0)
+    assert state.tick(100.0) == []
+
+
+def test_no_speculation_below_speculation_min():
+    state = cluster(0, 1, 2)
+    placed = launched(state.stage_submitted(1, tasks(3), now=0.0))
+    for worker in (1, 2):
+        finish(state, placed[worker][0], now=0.001, duration=0.001)
+    assert state.tick(0.049) == []  # far beyond 2 x median, but under 0.05 s
+    assert indices(launched(state.tick(0.051))[1]) == [0]
+
+
+def test_no_speculation_when_disabled():
+    state = SchedulerState(speculation=False)
+    for worker in range(3):
+        state.worker_added(worker)
+    straggling(state)
+    assert state.tick(100.0) == []
+    assert state.counters()["tasks_speculated"] == 0
+
+
+def test_speculation_waits_for_enough_finished_tasks():
+    state = SchedulerState(speculation_quantile=0.5)
+    for worker in range(5):
+        state.worker_added(worker)
+    placed = launched(state.stage_submitted(1, tasks(4), now=0.0))  # worker 4 idle
+    finish(state, placed[1][0], now=1.0, duration=1.0)
+    assert state.tick(10.0) == []  # 1 of 4 finished: under half
+    finish(state, placed[2][0], now=1.0, duration=1.0)
+    out = launched(state.tick(10.0))
+    assert [(w, indices(a)) for w, a in out.items()] == [(1, [0]), (2, [3])]  # oldest first
+
+
+def test_the_speculation_policy():
+    policy = SpeculationPolicy(factor=3.0, minimum=0.5, quantile=0.25)
+    assert not policy.ready(total=8, done=1, pending=0)  # a quarter of 8 is 2
+    assert policy.ready(total=8, done=2, pending=0)
+    assert not policy.ready(total=8, done=7, pending=1)  # pending tasks come first
+    assert not policy.ready(total=1, done=0, pending=0)
+    assert policy.threshold([0.1, 0.2, 0.3]) == 0.6000000000000001
+    assert policy.threshold([0.01]) == 0.5
+    assert policy.threshold([1.0, 2.0, 3.0, 10.0]) == 7.5  # median 2.5
+    assert not SpeculationPolicy(enabled=False).ready(total=1, done=1, pending=0)
+    with pytest.raises(ValueError):
+        SpeculationPolicy(factor=0)
+
+
+def test_a_failed_copy_does_not_fail_the_stage_while_the_original_runs():
+    state = cluster(0, 1, 2)
+    original, _ = straggling(state)
+    (copy,) = launched(state.tick(3.0))[1]
+    assert state.task_failed(1, copy.id, ValueError("copy"), now=3.1) == []
+    assert state.snapshot()["speculative"] == [] and state.running(1) == ()
+    assert state.tick(20.0) == []  # no second copy
+    assert isinstance(finish(state, original, now=21.0)[0], StageDone)
+
+
+def test_a_failed_original_does_not_fail_the_stage_while_the_copy_runs():
+    state = cluster(0, 1, 2)
+    original, _ = straggling(state)
+    (copy,) = launched(state.tick(3.0))[1]
+    assert state.task_failed(0, original.id, ValueError("original"), now=3.1) == []
+    error = ValueError("copy too")
+    assert state.task_failed(1, copy.id, error, now=3.2) == [StageFailed(1, error)]
+
+
+def test_losing_the_originals_worker_leaves_the_copy_running():
+    state = cluster(0, 1, 2)
+    straggling(state)
+    (copy,) = launched(state.tick(3.0))[1]
+    assert state.worker_lost(0, WorkerLostError(0, "gone"), now=3.1) == []
+    assert state.counters() == {"tasks_rerun": 0, "tasks_speculated": 1, "tasks_lost": 1}
+    assert isinstance(finish(state, copy, now=3.5)[0], StageDone)
+
+
+def test_losing_the_copys_worker_leaves_the_original_running():
+    state = cluster(0, 1, 2)
+    original, _ = straggling(state)
+    launched(state.tick(3.0))
+    assert state.worker_lost(1, WorkerLostError(1, "gone"), now=3.1) == []
+    assert state.tick(9.0) == []  # worker 2 is idle, but the task had its copy
+    assert isinstance(finish(state, original, now=9.5)[0], StageDone)
+
+
+def test_a_queued_attempt_is_not_slow_until_it_starts():
+    state = cluster(0, 1)
+    placed = launched(state.stage_submitted(1, tasks(4), now=0.0))
+    long, queued = placed[0]  # worker 0 runs them in this order
+    for attempt in placed[1]:
+        finish(state, attempt, now=1.0, duration=1.0)  # worker 1 idle from 1.0
+    assert finish(state, long, now=10.0, duration=10.0) == []  # ``queued`` starts at 10.0
+    assert state.tick(11.0) == []  # median 1.0: 1.0 s running, launched 11.0 s ago
+    assert state.tick(12.0) == []
+    (copy,) = launched(state.tick(12.01))[1]
+    assert copy.index == queued.index
+
+
+def test_a_cancelled_head_lets_the_next_attempt_start():
+    state = cluster(0, 1, window=2)
+    (head,) = launched(state.stage_submitted(1, [TaskSpec(0, worker=0)], now=0.0))[0]
+    placed = launched(state.stage_submitted(2, tasks(3), now=0.0))
+    assert {w: indices(a) for w, a in placed.items()} == {0: [1], 1: [0, 2]}
+    for attempt in placed[1]:
+        finish(state, attempt, now=1.0, duration=1.0)  # worker 1 idle from 1.0
+    assert state.tick(4.0) == []  # worker 0 still runs stage 1's task (no baseline there)
+    assert state.stage_cancelled(1, RuntimeError(), now=5.0)[1] == Cancel(0, (head.id,))
+    assert state.tick(7.0) == []  # stage 2's task 1 started at 5.0
+    assert indices(launched(state.tick(7.01))[1]) == [1]
+
+
+def test_an_unknown_start_counts_from_the_next_tick():
+    state = cluster(0, 1)
+    placed = launched(state.stage_submitted(1, tasks(2)))  # no ``now``
+    finish(state, placed[1][0], now=5.0, duration=1.0)
+    assert state.tick(6.0) == []  # worker 0's task started at 6.0 at the latest
+    assert state.tick(8.0) == []
+    assert indices(launched(state.tick(8.01))[1]) == [0]
+
+
+def test_a_copy_is_not_launched_when_an_input_is_gone():
+    state = cluster(0, 1, 2)
+    state.partitions_added(DRIVER, {"d": 1})
+    specs = [TaskSpec(0, inputs=("d",)), TaskSpec(1), TaskSpec(2)]
+    placed = launched(state.stage_submitted(1, specs, now=0.0))
+    for worker in (1, 2):
+        finish(state, placed[worker][0], now=1.0, duration=1.0)
+    state.partitions_dropped(["d"])
+    assert state.tick(10.0) == []
+
+
+def test_a_copy_goes_to_the_idle_worker_holding_its_inputs():
+    state = cluster(0, 1, 2, 3, window=1)
+    state.partitions_added(3, {"big": 100})
+    state.partitions_added(2, {"small": 1})
+    blocker = launched(state.stage_submitted(1, [TaskSpec(0, worker=3)], now=0.0))[3][0]
+    specs = [TaskSpec(0, inputs=("big", "small")), TaskSpec(1), TaskSpec(2)]
+    placed = launched(state.stage_submitted(2, specs, now=0.0))
+    assert sorted((w, indices(a)) for w, a in placed.items()) == [(0, [0]), (1, [1]), (2, [2])]
+    finish(state, placed[1][0], now=1.0, duration=1.0)
+    finish(state, placed[2][0], now=1.0, duration=1.0)
+    finish(state, blocker, now=1.0, duration=1.0)
+    (copy,) = launched(state.tick(3.0))[3]  # idle: 1, 2 and 3; 3 holds the most of its input
+    assert copy.locations == {"big": 3, "small": 2}
 
 
 # --- randomized --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_random_runs_keep_the_invariants(seed):
-    """Random stages, finishes, failures, cancels and worker losses through a fake loop."""
-    rng = random.Random(seed)
-    state = SchedulerState(window=rng.choice([1, 2, 3, 32]))
-    queues: dict[int, deque[Attempt]] = {}
-    specs: dict[int, list[TaskSpec]] = {}
-    launched_indices: dict[int, set[int]] = {}
-    ended: dict[int, StageDone | StageFailed] = {}
-    held: set = set()  # outputs of finished stages, until their worker is lost
-    lost: set = set()
-    next_worker, next_stage = 0, 0
+class FakeCluster:
+    """Fake workers and an oracle for the randomized test: each worker runs its queue in
+    order; every instruction is checked against the rules as it is carried out."""
 
-    def apply(out: list[Instruction]) -> None:
+    def __init__(self, state: SchedulerState) -> None:
+        self.state = state
+        self.queues: dict[int, deque[Attempt]] = {}
+        self.specs: dict[int, list[TaskSpec]] = {}
+        self.done: dict[int, set[int]] = {}  # stage -> finished indices
+        self.attempts: dict[tuple[int, int], set[int]] = {}  # (stage, index) -> attempt ids
+        self.launches: dict[tuple[int, int], int] = {}  # (stage, index) -> not speculative
+        self.losses: dict[tuple[int, int], int] = {}
+        self.speculated: set[tuple[int, int]] = set()
+        self.ended: dict[int, StageDone | StageFailed] = {}
+        self.held: set = set()  # outputs of finished stages, until their worker is lost
+        self.lost_keys: set = set()
+        self.lost_attempts = 0
+
+    def running(self, stage: int, index: int) -> list[tuple[int, Attempt]]:
+        queues = self.queues.items()
+        return [(w, a) for w, q in queues for a in q if (a.stage, a.index) == (stage, index)]
+
+    def pending(self, stage: int) -> set[int]:
+        running = {a.index for q in self.queues.values() for a in q if a.stage == stage}
+        return set(range(len(self.specs[stage]))) - self.done[stage] - running
+
+    def apply(self, out: list[Instruction]) -> None:
+        state = self.state
         for ins in out:
             if isinstance(ins, Launch):
-                assert ins.worker in queues, "launch to a lost worker"
+                assert ins.worker in self.queues, "launch to a lost worker"
                 assert 0 < len(state.running(ins.worker)) <= state.limit
                 for a in ins.attempts:
-                    assert a.index not in launched_indices[a.stage], "launched twice"
+                    key = (a.stage, a.index)
+                    assert a.stage not in self.ended and a.index not in self.done[a.stage]
                     assert a.spec.worker in (None, ins.worker)
                     assert all(state.holder(k) == h for k, h in a.locations.items())
-                    launched_indices[a.stage].add(a.index)
-                queues[ins.worker].extend(ins.attempts)
+                    others = self.running(*key)
+                    if a.speculative:
+                        assert len(ins.attempts) == 1 and not self.queues[ins.worker], "idle"
+                        assert len(others) == 1 and others[0][0] != ins.worker
+                        assert a.spec.worker is None and key not in self.speculated
+                        self.speculated.add(key)
+                    else:
+                        assert not others, "a second attempt that is no speculative copy"
+                        self.launches[key] = self.launches.get(key, 0) + 1
+                        assert self.launches[key] <= 1 + self.losses.get(key, 0)
+                    self.attempts.setdefault(key, set()).add(a.id)
+                self.queues[ins.worker].extend(ins.attempts)
             elif isinstance(ins, Cancel):
-                assert ins.worker in queues, "cancel sent to a lost worker"
+                assert ins.worker in self.queues, "cancel sent to a lost worker"
                 ids = set(ins.attempts)
-                queues[ins.worker] = deque(a for a in queues[ins.worker] if a.id not in ids)
+                queue = self.queues[ins.worker]
+                self.queues[ins.worker] = deque(a for a in queue if a.id not in ids)
             elif isinstance(ins, StageDone | StageFailed):
-                assert ins.stage in specs and ins.stage not in ended, "a stage ended twice"
-                ended[ins.stage] = ins
+                assert ins.stage in self.specs and ins.stage not in self.ended, "ended twice"
+                self.ended[ins.stage] = ins
                 if isinstance(ins, StageDone):
-                    n = len(specs[ins.stage])
-                    assert [r.index for r in ins.results] == list(range(n))
+                    n = len(self.specs[ins.stage])
+                    assert [r.index for r in ins.results] == list(range(n)), "once per index"
                     assert [r.value for r in ins.results] == [(ins.stage, i) for i in range(n)]
-                    held.update(k for r in ins.results for k in r.outputs if k not in lost)
+                    assert all(r.attempt in self.attempts[ins.stage, r.index] for r in ins.results)
+                    outputs = (k for r in ins.results for k in r.outputs)
+                    self.held.update(k for k in outputs if k not in self.lost_keys)
             elif isinstance(ins, PartitionsLost):
-                lost.update(ins.keys)
-                held.difference_update(ins.keys)
-        assert all(state.holder(k) in queues for k in held)
-        for worker, queue in queues.items():  # the fake workers and the state agree
-            assert tuple(sorted(a.id for a in queue)) == state.running(worker)
-        # no worker sits idle while unpinned work is pending
-        active = state.snapshot()["stages"]
-        if any(len(state.running(w)) < state.limit for w in state.workers):
-            for stage in active:
-                unplaced = [t for t in specs[stage] if t.index not in launched_indices[stage]]
-                assert all(t.worker is not None for t in unplaced)
+                self.lost_keys.update(ins.keys)
+                self.held.difference_update(ins.keys)
+            elif isinstance(ins, Drop):
+                assert ins.worker == DRIVER or ins.worker in self.queues
+        self.check()
 
-    for _ in range(rng.randint(1, 3)):
-        queues[next_worker] = deque()
-        apply(state.worker_added(next_worker))
+    def check(self) -> None:
+        state = self.state
+        assert all(state.holder(k) in self.queues for k in self.held)
+        for worker, queue in self.queues.items():  # the fake workers and the state agree
+            assert tuple(sorted(a.id for a in queue)) == state.running(worker)
+        for key in {(a.stage, a.index) for q in self.queues.values() for a in q}:
+            workers = [w for w, _ in self.running(*key)]
+            assert len(workers) == len(set(workers)) <= 2, "copies on distinct workers"
+        snapshot = state.snapshot()
+        copies = {a.id for q in self.queues.values() for a in q if a.speculative}
+        assert set(snapshot["speculative"]) == copies
+        assert snapshot["tasks_rerun"] == sum(n - 1 for n in self.launches.values())
+        assert snapshot["tasks_speculated"] == len(self.speculated)
+        assert snapshot["tasks_lost"] == self.lost_attempts
+        room = any(len(state.running(w)) < state.limit for w in state.workers)
+        for stage, counts in snapshot["stages"].items():
+            pending = self.pending(stage)
+            assert counts["pending"] == len(pending) and counts["done"] == len(self.done[stage])
+            if room:  # no worker sits idle while unpinned work is pending
+                assert all(self.specs[stage][i].worker is not None for i in pending)
+
+    def submit(self, stage: int, specs: list[TaskSpec], now: float | None) -> None:
+        self.specs[stage] = specs
+        self.done[stage] = set()
+        self.apply(self.state.stage_submitted(stage, specs, now=now))
+
+    def add(self, worker: int, now: float | None) -> None:
+        self.queues[worker] = deque()
+        self.apply(self.state.worker_added(worker, now=now))
+
+    def lose(self, gone: int, now: float | None) -> None:
+        """Lose a worker; check which stages failed (and why) against the rules."""
+        active = list(self.state.snapshot()["stages"])
+        before = {stage: self.pending(stage) for stage in active}
+        lost = list(self.queues.pop(gone))
+        self.lost_attempts += len(lost)
+        for a in lost:
+            self.losses[a.stage, a.index] = self.losses.get((a.stage, a.index), 0) + 1
+        elsewhere = {(a.stage, a.index) for q in self.queues.values() for a in q}
+        error = WorkerLostError(gone, "random")
+        out = self.state.worker_lost(gone, error, now=now)
+        self.apply(out)
+        failed = {i.stage: i.error for i in of(out, StageFailed)}
+        for stage in active:
+            hit = {a.index for a in lost if a.stage == stage}
+            again = {i for i in hit if (stage, i) not in elsewhere}
+            specs = self.specs[stage]
+            inputs = {k for i in before[stage] | again for k in specs[i].inputs}
+            if (
+                not self.queues
+                or any(specs[i].worker == gone for i in hit | before[stage])
+                or any(self.losses[stage, i] >= self.state.max_attempts for i in again)
+            ):
+                assert failed[stage] is error
+            elif any(self.state.holder(k) is None for k in inputs):
+                assert isinstance(failed[stage], MissingPartitionError)
+            else:
+                assert stage not in failed
+
+    def run_head(self, worker: int, rng: random.Random, now: float | None) -> None:
+        """``worker`` ends the attempt it runs: a result, or (rarely) an error."""
+        attempt = self.queues[worker].popleft()
+        key = (attempt.stage, attempt.index)
+        assert attempt.index not in self.done[attempt.stage]
+        copy_runs = bool(self.running(*key))
+        gone = [k for k in attempt.spec.inputs if self.state.holder(k) is None]
+        if rng.random() < (0.5 if gone else 0.2 if copy_runs else 0.005):  # gone: no fetch
+            out = self.state.task_failed(worker, attempt.id, ValueError(attempt.index), now=now)
+            self.apply(out)
+            failed = [i.error for i in of(out, StageFailed) if i.stage == attempt.stage]
+            if copy_runs:
+                assert not failed, "a task error while another attempt runs"
+            else:
+                (error,) = failed
+                assert type(error) is (MissingPartitionError if gone else ValueError)
+        else:
+            self.done[attempt.stage].add(attempt.index)
+            value = (attempt.stage, attempt.index)
+            result = TaskResult(
+                attempt.index, worker, attempt.id, value, outputs_of(attempt),
+                duration=rng.choice([0.01, 0.02, 0.05, 0.5]),
+            )  # fmt: skip
+            self.apply(self.state.task_finished(worker, result, now=now))
+
+
+def random_run(seed: int) -> FakeCluster:
+    """Random stages, results, failures, cancels, worker losses (their tasks rerun) and
+    ticks (stragglers get copies), on a clock, through a fake loop."""
+    rng = random.Random(seed)
+    state = SchedulerState(
+        window=rng.choice([1, 2, 3, 32]),
+        max_attempts=rng.choice([1, 2, 4, 4]),
+        speculation=rng.random() < 0.8,
+        speculation_factor=rng.choice([1.0, 2.0]),
+        speculation_min=rng.choice([0.0, 0.05]),
+    )
+    fake = FakeCluster(state)
+    clock = 0.0
+    next_worker, next_stage = 0, 0
+    for _ in range(rng.randint(1, 5)):
+        fake.add(next_worker, clock)
         next_worker += 1
-    for _step in range(3000):
+    for _step in range(5000):
+        clock += rng.expovariate(50)
+        now = None if rng.random() < 0.05 else clock
         live = state.workers
         roll = rng.random()
-        if next_stage < 8 and roll < 0.08:
-            keys = sorted(held)  # inputs from earlier stages' outputs
-            n = rng.choice([0, 1, 3, 10, 40])
-            stage_specs = []
-            for i in range(n):
-                inputs = tuple(rng.sample(keys, min(len(keys), rng.randint(0, 2))))
-                pin = rng.choice(live) if live and rng.random() < 0.1 else None
-                stage_specs.append(TaskSpec(i, inputs=inputs, output=(next_stage, i), worker=pin))
-            specs[next_stage] = stage_specs
-            launched_indices[next_stage] = set()
-            apply(state.stage_submitted(next_stage, stage_specs))
+        if next_stage < 8 and roll < 0.06:
+            keys = sorted(fake.held)  # inputs from earlier stages' outputs
+            specs = []
+            for i in range(rng.choice([0, 1, 3, 10, 40])):
+                reads = rng.choice([0, 0, 1, 2])
+                inputs = tuple(rng.sample(keys, min(len(keys), reads)))
+                pin = rng.choice(live) if live and rng.random() < 0.03 else None
+                specs.append(TaskSpec(i, inputs=inputs, output=(next_stage, i), worker=pin))
+            fake.submit(next_stage, specs, now)
             next_stage += 1
-        elif roll < 0.10 and live:
-            gone = rng.choice(live)
-            del queues[gone]
-            apply(state.worker_lost(gone, WorkerLostError(gone, "random")))
-        elif roll < 0.12 or not live:
-            queues[next_worker] = deque()
-            apply(state.worker_added(next_worker))
+        elif roll < 0.085 and live:
+            fake.lose(rng.choice(live), now)
+        elif roll < 0.11 or not live:
+            fake.add(next_worker, now)
             next_worker += 1
-        elif roll < 0.13 and state.snapshot()["stages"]:
+        elif roll < 0.115 and state.snapshot()["stages"]:
             victim = rng.choice(list(state.snapshot()["stages"]))
-            apply(state.stage_cancelled(victim, RuntimeError()))
+            fake.apply(state.stage_cancelled(victim, RuntimeError(), now=now))
+        elif roll < 0.265:
+            fake.apply(state.tick(clock))
         else:
-            busy = [w for w in live if queues[w]]
-            if not busy:
-                if next_stage >= 8 and not state.snapshot()["stages"]:
-                    break
-                continue
-            worker = rng.choice(busy)
-            attempt = queues[worker].popleft()
-            if rng.random() < 0.02:
-                apply(state.task_failed(worker, attempt.id, ValueError(attempt.index)))
-            else:
-                value = (attempt.stage, attempt.index)
-                result = TaskResult(attempt.index, worker, attempt.id, value, outputs_of(attempt))
-                apply(state.task_finished(worker, result))
+            busy = [w for w in live if fake.queues[w]]
+            if busy:  # the lowest ids are slower: stragglers
+                fake.run_head(rng.choice(busy + busy[-1:] * 3), rng, now)
+            elif next_stage >= 8 and not state.snapshot()["stages"]:
+                break
     assert next_stage == 8
-    assert sorted(ended) == list(range(8)), "every submitted stage ends exactly once"
-    assert state.snapshot()["stages"] == {}
+    for _drain in range(100_000):  # no more losses: everything must end
+        if not state.snapshot()["stages"]:
+            break
+        clock += 0.01
+        fake.apply(state.tick(clock))
+        busy = [w for w in state.workers if fake.queues[w]]
+        assert busy, "active stages, but nothing runs: a hang"
+        fake.run_head(rng.choice(busy), rng, clock)
+    assert sorted(fake.ended) == list(range(8)), "every submitted stage ends exactly once"
     assert all(not state.running(w) for w in state.workers)
+    return fake
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_runs_keep_the_invariants(seed):
+    random_run(seed)
+
+
+def test_the_random_runs_rerun_and_speculate():
+    """The randomized test is worth something only if its runs rerun and speculate."""
+    runs = [random_run(seed).state.counters() for seed in range(0, 60, 4)]
+    for counter in ("tasks_rerun", "tasks_speculated", "tasks_lost"):
+        assert sum(c[counter] > 0 for c in runs) >= len(runs) // 3, (counter, runs)

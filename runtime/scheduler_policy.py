@@ -1,0 +1,176 @@
+"""Pieces of the scheduler state machine (runtime/scheduler.py), pure like it.
+
+Its records of workers and stages, the partition registry (who holds what) and the
+speculation policy (DESIGN 6: when a stage has a baseline and what running time makes
+an attempt a straggler). No I/O and no clock here either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Any
+
+from clamor.runtime.stage import DRIVER, PartitionKey, TaskSpec
+
+if TYPE_CHECKING:
+    from clamor.runtime.scheduler import TaskResult
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculationPolicy:
+    """When a running attempt gets one speculative copy.
+
+    A stage is *ready* once it has no pending task and at least ``quantile`` of its
+    tasks (and at least one) have finished: their median duration is then a fair
+    baseline (with a single result, one lucky fast task would make every other one
+    look slow). An attempt is a straggler once it has been running for longer than
+    ``max(minimum, factor * median)``.
+    """
+
+    enabled: bool = True
+    factor: float = 2.0
+    minimum: float = 0.05
+    quantile: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.factor <= 0 or self.minimum < 0 or not 0 <= self.quantile <= 1:
+            raise ValueError(
+                f"speculation needs factor > 0, minimum >= 0 and 0 <= quantile <= 1, not "
+                f"{self.factor}, {self.minimum}, {self.quantile}"
+            )
+
+    def ready(self, total: int, done: int, pending: int) -> bool:
+        """Whether a stage with these task counts may speculate."""
+        return self.enabled and not pending and done >= max(1, math.ceil(self.quantile * total))
+
+    def threshold(self, durations: list[float]) -> float:
+        """The running time (seconds) beyond which an attempt is a straggler."""
+        return max(self.minimum, self.factor * median(durations))
+
+
+def median(values: list[float]) -> float:
+    """The median of a non-empty, sorted list."""
+    n = len(values)
+    mid = n // 2
+    return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def pick_worker(candidates: Collection[int], held: dict[int, int]) -> int:
+    """The candidate holding the most input bytes (``held``), lowest id on ties."""
+    return min(candidates, key=lambda w: (-held.get(w, 0), w))
+
+
+def pop_pending(pending: Collection[int], heap: list[int] | None) -> int | None:
+    """The lowest index of ``heap`` still in ``pending`` (removed from the heap), or ``None``."""
+    while heap:
+        index = heapq.heappop(heap)
+        if index in pending:
+            return index
+    return None
+
+
+def group(pairs: Iterable[tuple[int, Any]]) -> dict[int, list[Any]]:
+    """``[(worker, item), ...]`` -> ``{worker: [item, ...]}``, workers sorted."""
+    groups: dict[int, list[Any]] = {}
+    for worker, item in pairs:
+        groups.setdefault(worker, []).append(item)
+    return dict(sorted(groups.items()))
+
+
+class Registry:
+    """The partitions kept by live workers and the driver: ``key -> (holder, nbytes)``."""
+
+    def __init__(self) -> None:
+        self.entries: dict[PartitionKey, tuple[int, int]] = {}
+
+    def __contains__(self, key: PartitionKey) -> bool:
+        return key in self.entries
+
+    def holder(self, key: PartitionKey) -> int | None:
+        """The holder of ``key``; ``None`` if nobody holds it."""
+        entry = self.entries.get(key)
+        return None if entry is None else entry[0]
+
+    def missing(self, keys: Iterable[PartitionKey]) -> list[PartitionKey]:
+        """The keys nobody holds, first-seen order, once each."""
+        return list(dict.fromkeys(k for k in keys if k not in self.entries))
+
+    def held(self, keys: Iterable[PartitionKey]) -> dict[int, int]:
+        """Worker -> bytes of these partitions it holds (the DRIVER is no worker)."""
+        held: dict[int, int] = {}
+        for key in keys:
+            entry = self.entries.get(key)
+            if entry is not None and entry[0] != DRIVER:
+                held[entry[0]] = held.get(entry[0], 0) + entry[1]
+        return held
+
+    def add(self, holder: int, sizes: dict[PartitionKey, int]) -> dict[int, list[PartitionKey]]:
+        """Enter partitions kept by ``holder``; the copies displaced from other holders."""
+        displaced = []
+        for key, nbytes in sizes.items():
+            old = self.entries.get(key)
+            if old is not None and old[0] != holder:
+                displaced.append((old[0], key))
+            self.entries[key] = (holder, nbytes)
+        return group(displaced)
+
+    def remove(self, keys: Iterable[PartitionKey]) -> dict[int, list[PartitionKey]]:
+        """Forget these keys (unknown ones are ignored): ``holder -> keys`` forgotten."""
+        entries = ((self.entries.pop(key, None), key) for key in keys)
+        return group((entry[0], key) for entry, key in entries if entry is not None)
+
+    def lose(self, worker: int) -> list[PartitionKey]:
+        """Forget every partition ``worker`` held; those keys."""
+        keys = [key for key, (holder, _) in self.entries.items() if holder == worker]
+        for key in keys:
+            del self.entries[key]
+        return keys
+
+
+# --- the state's records -----------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class WorkerState:
+    """A live worker: its running (launched, unfinished) attempt ids, in launch order.
+
+    It runs them one at a time in that order: ``head`` (the first) since ``since``
+    (``None``: not known yet).
+    """
+
+    running: dict[int, None] = dataclasses.field(default_factory=dict)
+    head: int | None = None
+    since: float | None = None
+    tasks_done: int = 0
+
+
+@dataclasses.dataclass(eq=False)
+class StageState:
+    """An active stage. Pending indices sit in heaps (a popped index no longer pending is
+    skipped), so placing one of n tasks costs O(log n), not O(n)."""
+
+    id: int
+    specs: tuple[TaskSpec, ...]
+    pending: set[int] = dataclasses.field(default_factory=set)
+    #: worker -> heap of pending indices pinned to it (``spec.worker``).
+    pinned: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    #: worker -> heap of unpinned pending indices whose inputs it holds most of.
+    preferred: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    #: heap of every unpinned pending index.
+    unpinned: list[int] = dataclasses.field(default_factory=list)
+    #: running attempt id -> worker.
+    running: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: index -> its running attempt ids (two while a speculative copy runs).
+    copies: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    results: dict[int, TaskResult] = dataclasses.field(default_factory=dict)
+    #: the results' durations, sorted (the speculation baseline).
+    durations: list[float] = dataclasses.field(default_factory=list)
+    #: indices that got their one speculative copy.
+    speculated: set[int] = dataclasses.field(default_factory=set)
+    #: index -> how many of its attempts were lost with their worker.
+    losses: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: pending indices queued again after a loss (counted in ``tasks_rerun`` at launch).
+    rerun: set[int] = dataclasses.field(default_factory=set)
