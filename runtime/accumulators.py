@@ -10,9 +10,13 @@ and the result does not depend on which worker finished first.
 
 An accumulator pickles to a small handle (id, shape, dtype, op), never its value.
 
-As in Spark, updates made in a transformation count once per *run* of the stage:
-an action that recomputes a lost persisted partition or shuffle (runtime/plan.py)
-runs those tasks again, and their updates merge again.
+Updates made in a transformation count once per action that runs it (an action
+that does not read a persisted dataset computes its transformations again, as in
+Spark). Recovery does not count twice: a stage rerun because a worker was lost
+merged nothing the first time, and the stages that recompute lost partitions from
+lineage (runtime/lineage.py) discard their tasks' updates, since the original run
+already counted them. (Spark, by contrast, re-applies the updates of recomputed
+transformations.)
 """
 
 from __future__ import annotations

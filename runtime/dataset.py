@@ -21,8 +21,9 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from clamor.runtime import ops, plan, sources
+from clamor.runtime import lineage, ops, plan, sources
 from clamor.runtime.accumulators import Accumulator
+from clamor.runtime.lineage import LineageGraph
 from clamor.runtime.ops import Aggregate
 from clamor.runtime.plan import Node, persist_key, run_action
 from clamor.runtime.stage import StageRunner
@@ -31,10 +32,12 @@ from clamor.runtime.stage import StageRunner
 def _release(runner_ref: weakref.ref, node_id: int, n: int) -> None:
     """Forget a persisted node and drop its partitions (on unpersist or collection)."""
     plan._persisted.pop(node_id, None)
+    keys = [persist_key(node_id, i) for i in builtins.range(n)]
+    lineage.forget(keys)
     runner = runner_ref()
     if runner is not None:
         try:
-            runner.drop([persist_key(node_id, i) for i in builtins.range(n)])
+            runner.drop(keys)
         except Exception:  # noqa: BLE001 - e.g. the cluster is closed already
             plan.logger.debug("could not drop persisted dataset %d", node_id, exc_info=True)
 
@@ -63,7 +66,7 @@ class Dataset:
 
     def __repr__(self) -> str:
         state = " persisted" if self.is_persisted else ""
-        return f"<Dataset {self.id}: {plan.lineage(self._node)}, {self.num_partitions} partitions{state}>"
+        return f"<Dataset {self.id}: {plan.describe(self._node)}, {self.num_partitions} partitions{state}>"
 
     def _derive(self, node: Node) -> Dataset:
         return Dataset(self._runner, node)
@@ -183,6 +186,13 @@ class Dataset:
             self._runner.holder(persist_key(self.id, i)) if i in held else None
             for i in builtins.range(self.num_partitions)
         ]
+
+    def lineage(self) -> LineageGraph:
+        """The lineage graph of this dataset's partitions and of its ancestors' (one node
+        per partition, up to the sources): for persisted partitions, the fused ops, the
+        arena epoch and ``(page, version)`` read set of the task that computed them,
+        their holder and state (``"held"``, ``"lost"``, ``"recomputed"``)."""
+        return plan.lineage_graph(self._node, self._runner)
 
     # --- actions ---
 

@@ -8,6 +8,11 @@ another's objects), tasks are spread over ``workers`` simulated worker ids
 (task ``i`` on worker ``i % workers``, or ``TaskSpec.worker``) so holders and
 tree aggregation are exercised, and accumulator updates merge once per task at
 the barrier, in index order, only if the whole stage succeeded.
+
+Like a cluster it numbers stages with epochs (``last_epoch``; a stage given
+``StageSpec.epoch`` reports that one) but has no arena versions to replay and
+no read sets (``last_read_sets`` holds empty lists). :meth:`InlineRunner.lose`
+forgets a simulated worker's partitions, as if it had died.
 """
 
 from __future__ import annotations
@@ -36,6 +41,13 @@ class InlineRunner(DatasetSources):
         self._workers = list(range(workers))
         self._store: dict[PartitionKey, tuple[int, bytes]] = {}
         self.stages: list[StageSpec] = []
+        self._epoch = 0
+        #: The epoch of the last successful stage (one more per stage, or the replayed one).
+        self.last_epoch = 0
+        #: Per task of the last successful stage: its ``(page, version)`` read set (empty here).
+        self.last_read_sets: list[list[tuple[int, int]]] = []
+        #: Tasks run again by lineage recovery (what ``Cluster.stats()`` calls ``tasks_recomputed``).
+        self.tasks_recomputed = 0
 
     @property
     def workers(self) -> list[int]:
@@ -45,6 +57,7 @@ class InlineRunner(DatasetSources):
         """Run every task (all of them, as a cluster would), then raise the first error in
         index order, or merge the accumulator updates and return the replies."""
         self.stages.append(stage)
+        self._epoch += 1
         payload = shipping.pack_task(stage.program)
         missing = [k for t in stage.tasks for k in t.inputs if k not in self._store]
         if missing:
@@ -70,7 +83,13 @@ class InlineRunner(DatasetSources):
         if errors:
             raise errors[0]
         accumulators.merge(u for _, u in sorted(updates, key=lambda p: p[0]))
+        self.last_epoch = self._epoch if stage.epoch is None else stage.epoch
+        self.last_read_sets = [[] for _ in stage.tasks]
         return [r for _, r in sorted(replies, key=lambda p: p[0])]
+
+    def record_recomputed(self, tasks: int) -> None:
+        """Called by lineage recovery with the number of tasks it ran again."""
+        self.tasks_recomputed += tasks
 
     def _storer(self, worker: int):
         def store(key: PartitionKey, value: Any) -> int:

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
-from clamor.runtime.stage import TaskContext
+from clamor.runtime import shipping
+from clamor.runtime.stage import PartitionKey, TaskContext, run_program
 
 # --- partition values -------------------------------------------------------------
 
@@ -378,3 +379,71 @@ class ShuffleMapTask:
         for j in kept:
             ctx.put(self.tag + (side, i, j), buckets[j])
         return kept
+
+
+# --- lineage: programs pickled once, and run again to rebuild lost partitions ---------
+
+
+class Frozen:
+    """A stage program pickled once in the driver: lineage keeps these exact bytes to run
+    a task again later, unaffected by changes the notebook made to its objects since.
+
+    Unpickled on first use in each process (inside the task: arena references are
+    rebuilt at the task's epoch).
+    """
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+        self._program: Callable[[TaskContext], Any] | None = None
+
+    def __reduce__(self) -> tuple:
+        return Frozen, (self.payload,)
+
+    def __call__(self, ctx: TaskContext) -> Any:
+        if self._program is None:
+            self._program = shipping.loads(self.payload)
+        return self._program(ctx)
+
+
+@dataclasses.dataclass(frozen=True)
+class Redo:
+    """Run task ``index`` of the pickled stage program ``payload`` again; keep only ``keep``
+    of the partitions it makes (``output``: where its value was kept, if anywhere)."""
+
+    payload: bytes
+    index: int
+    output: PartitionKey | None
+    keep: frozenset
+
+
+class RecomputeTask:
+    """Task ``k`` redoes ``entries[k]`` with the original task's index and inputs.
+
+    The original program runs in a nested :class:`TaskContext`: ``put`` keeps only the
+    lost partitions, and its accumulator updates are discarded (the original run
+    already counted them). Replies nothing.
+    """
+
+    def __init__(self, entries: Sequence[Redo]) -> None:
+        self.entries = tuple(entries)
+        self._programs: dict[int, Callable[[TaskContext], Any]] = {}
+
+    def __reduce__(self) -> tuple:
+        return RecomputeTask, (self.entries,)
+
+    def __call__(self, ctx: TaskContext) -> None:
+        entry = self.entries[ctx.index]
+        program = self._programs.get(id(entry.payload))
+        if program is None:
+            program = self._programs[id(entry.payload)] = shipping.loads(entry.payload)
+
+        def store(key: PartitionKey, value: Any) -> int:
+            if key not in entry.keep:
+                return 0
+            ctx.put(key, value)
+            return ctx.outputs[key]
+
+        inner = TaskContext(entry.index, ctx.input_keys, ctx.input, store)
+        value = run_program(program, inner)
+        if entry.output is not None and entry.output in entry.keep:
+            ctx.put(entry.output, value)

@@ -16,6 +16,12 @@ partition ``i``) and runs it with a :class:`~clamor.runtime.stage.StageRunner`:
 
 Keys the job creates for itself (shuffle buckets, reduce partials) are dropped
 when the action ends, whether it succeeded or not.
+
+Every partition a stage leaves on a worker gets a lineage record
+(runtime/lineage.py). Before a stage runs, its inputs that were lost with their
+worker are recomputed from lineage, at the epoch they were first computed at;
+a stage that fails because a worker was lost runs again (up to
+:data:`MAX_ATTEMPTS` times), after the same recovery.
 """
 
 from __future__ import annotations
@@ -24,15 +30,26 @@ import dataclasses
 import itertools
 import logging
 import math
+import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Self
 
-from clamor.runtime.errors import MissingPartitionError
+from clamor.runtime import lineage, shipping
+from clamor.runtime.errors import (
+    ClamorError,
+    MissingPartitionError,
+    SerializationError,
+    TaskError,
+    WorkerLostError,
+)
+from clamor.runtime.lineage import LineageGraph, TaskRun
 from clamor.runtime.ops import (
     Aggregate,
     Cached,
     CollectTask,
     CombineTask,
+    Frozen,
     Op,
     PartialTask,
     Pipeline,
@@ -57,11 +74,16 @@ logger = logging.getLogger("clamor.dataset")
 #: How many partial results one combine task of a tree aggregation merges (after
 #: the first round, which merges everything each worker holds).
 FAN_IN = 2
+#: How many times a stage runs before a worker loss during it is given up on.
+MAX_ATTEMPTS = 4
+#: Seconds a runtime error waits for a worker loss to be noticed (see ``Job._lost``).
+LOSS_GRACE = 2.0
 
 _node_ids = itertools.count(1)
 _job_tokens = itertools.count(1)
 
-#: Persisted nodes: node id -> the partitions held by workers as ``("ds", id, i)``.
+#: Persisted nodes: node id -> the partitions computed and kept by workers as
+#: ``("ds", id, i)`` (one lost with its worker stays listed: lineage rebuilds it).
 _persisted: dict[int, set[int]] = {}
 
 
@@ -132,7 +154,7 @@ class Shuffle(Node):
         return self.sides
 
 
-def lineage(node: Node) -> str:
+def describe(node: Node) -> str:
     """A short description such as ``map <- filter <- parallelize``."""
     names, seen = [], set()
     stack = [node]
@@ -145,31 +167,60 @@ def lineage(node: Node) -> str:
     return " <- ".join(names) + (" ..." if stack else "")
 
 
+def lineage_graph(root: Node, runner: StageRunner) -> LineageGraph:
+    """One :class:`~clamor.runtime.lineage.LineageNode` per partition of ``root`` and of
+    its ancestors up to the sources, and the edges from each partition's parents."""
+    return lineage.build_graph(root, runner, _persisted)
+
+
 # --- compiling and running ---------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
+class Made:
+    """A partition a task leaves on its worker: ``key``, the fused ``ops`` that made it,
+    and for a persisted dataset partition its ``dataset`` (node id) and ``index``."""
+
+    key: PartitionKey
+    ops: tuple[str, ...]
+    dataset: int | None = None
+    index: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Persisting:
+    """A persisted node whose partitions not in ``held`` an op computes (with ``ops``) and keeps."""
+
+    node: int
+    held: frozenset[int]
+    ops: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Compiled:
-    """A node compiled for one stage: its ``op``, the input keys of partition ``i``,
-    and the persisted nodes whose missing partitions the op computes and keeps."""
+    """A node compiled for one stage: its ``op``, the input keys of partition ``i``, the
+    persisted nodes whose missing partitions the op computes and keeps, and the names
+    of the steps fused into the op (empty for a persisted node: its partitions are read
+    or computed under their own name)."""
 
     op: Op
     inputs: Callable[[int], tuple]
-    persists: tuple[int, ...] = ()
+    persists: tuple[Persisting, ...] = ()
+    ops: tuple[str, ...] = ()
+
+    def persisted(self, i: int) -> list[Made]:
+        """The persisted partitions that computing partition ``i`` makes."""
+        made = {persist_key(p.node, i): p for p in self.persists if i not in p.held}
+        return [Made(key, p.ops, p.node, i) for key, p in made.items()]
 
 
 def _no_inputs(i: int) -> tuple:
     return ()
 
 
-def forget_lost(keys: Iterable[PartitionKey]) -> bool:
-    """Forget persisted partitions among ``keys`` (their holder is gone); True if any was."""
-    forgot = False
-    for key in keys:
-        if isinstance(key, tuple) and len(key) == 3 and key[0] == "ds" and key[1] in _persisted:
-            forgot |= key[2] in _persisted[key[1]]
-            _persisted[key[1]].discard(key[2])
-    return forgot
+def _infrastructure(error: Exception) -> bool:
+    """An error of the runtime itself (not the task's own, nor a serialization error)."""
+    return isinstance(error, ClamorError) and not isinstance(error, TaskError | SerializationError)
 
 
 class Job:
@@ -182,6 +233,7 @@ class Job:
         self.token = next(_job_tokens)
         self.temp: list[PartitionKey] = []
         self._shuffles: dict[int, Compiled] = {}
+        self._min_ref_bytes = int(getattr(runner, "page_size", 0) or 0) or None
 
     def __enter__(self) -> Self:
         return self
@@ -190,8 +242,9 @@ class Job:
         self.close()
 
     def close(self) -> None:
-        """Drop the job's temporary partitions."""
+        """Drop the job's temporary partitions (and forget their lineage records)."""
         keys, self.temp = self.temp, []
+        lineage.forget(keys)
         self._drop_quietly(keys)
 
     # --- compiling ---
@@ -209,13 +262,14 @@ class Job:
         return Compiled(
             Cached(inner.op, prefix, held),
             lambda i: (prefix + (i,),) if i in held else inner.inputs(i),
-            inner.persists + (node.id,),
+            inner.persists + (Persisting(node.id, held, inner.ops),),
         )
 
     def _compile(self, node: Node) -> Compiled:
         if isinstance(node, Source):
             prefix = node.driver_keys
-            return Compiled(node.op, _no_inputs if prefix is None else lambda i: (prefix + (i,),))
+            inputs = _no_inputs if prefix is None else lambda i: (prefix + (i,),)
+            return Compiled(node.op, inputs, ops=(node.name,))
         if isinstance(node, Narrow):
             parent = self.compile(node.parent)
             op = parent.op
@@ -223,13 +277,14 @@ class Job:
                 op = Pipeline(op.parent, op.fns + (node.fn,))
             else:
                 op = Pipeline(op, (node.fn,))
-            return Compiled(op, parent.inputs, parent.persists)
+            return Compiled(op, parent.inputs, parent.persists, parent.ops + (node.name,))
         if isinstance(node, Zip):
             left, right = self.compile(node.left), self.compile(node.right)
             return Compiled(
                 ZipOp(left.op, right.op),
                 lambda i: tuple(dict.fromkeys(left.inputs(i) + right.inputs(i))),
                 left.persists + right.persists,
+                left.ops + right.ops + (node.name,),
             )
         if isinstance(node, Shuffle):
             if node.id not in self._shuffles:
@@ -267,7 +322,8 @@ class Job:
             held = _persisted.get(node.id, set())
             todo = tuple(i for i in range(parts.start, min(parts.stop, node.n)) if i not in held)
             tasks = [TaskSpec(k, compiled.inputs(i), reply=False) for k, i in enumerate(todo)]
-            self.run(f"persist {node.name}", CollectTask(compiled.op, todo), tasks, [(compiled.persists, todo)])
+            persisted = lambda k, c=compiled, parts=todo: c.persisted(parts[k])
+            self.run(f"persist {node.name}", CollectTask(compiled.op, todo), tasks, persisted)
 
     def _shuffle(self, node: Shuffle) -> Compiled:
         """Run the map stage of ``node`` (all sides in one stage); compile its reduce side."""
@@ -279,9 +335,14 @@ class Job:
         program = ShuffleMapTask(
             tuple(c.op for c in sides), node.splits, tuple(s.n for s in node.sides), node.n, tag
         )
-        marks = [(c.persists, range(side.n)) for c, side in zip(sides, node.sides)]
+
+        def buckets(k: int, kept: Sequence[int]) -> list[Made]:
+            s, i = where[k]
+            return [Made(tag + (s, i, j), sides[s].ops + (f"{node.name} map",)) for j in kept]
+
         try:
-            kept = self.run(f"shuffle for {node.name}", program, tasks, marks)
+            kept = self.run(f"shuffle for {node.name}", program, tasks,
+                            lambda k: sides[where[k][0]].persisted(where[k][1]), buckets)  # fmt: skip
         except BaseException:  # successful tasks may have kept buckets: name them all
             self.temp.extend(tag + (s, i, j) for s, i in where for j in range(node.n))
             raise
@@ -292,7 +353,7 @@ class Job:
                 self.temp.append(key)
                 inputs[j].append(key)
         table = [tuple(keys) for keys in inputs]
-        return Compiled(ShuffleRead(tag, len(node.sides), node.combine), table.__getitem__)
+        return Compiled(ShuffleRead(tag, len(node.sides), node.combine), table.__getitem__, ops=(node.name,))
 
     # --- running ---
 
@@ -301,29 +362,106 @@ class Job:
         name: str,
         program: Callable[[TaskContext], Any],
         tasks: list[TaskSpec],
-        marks: Sequence[tuple[tuple[int, ...], Sequence[int]]] = (),
+        persisted: Callable[[int], list[Made]] | None = None,
+        kept: Callable[[int, Any], list[Made]] | None = None,
     ) -> list[Any]:
-        """Run one stage. ``marks``: ``(persisted node ids, partitions)`` the stage computes;
-        they count as held once it succeeds, and are dropped if it fails."""
-        stage = StageSpec(program, tasks, name=f"{self.action}: {name}")
-        try:
-            results = self.runner.execute(stage)
-        except BaseException:
-            self._drop_quietly(
-                persist_key(nid, i)
-                for ids, parts in marks
-                for nid in ids
-                for i in parts
-                if i not in _persisted.get(nid, ())
-            )
-            raise
-        for ids, parts in marks:
-            for nid in ids:
-                if nid in _persisted:
-                    _persisted[nid].update(parts)
-                else:  # unpersisted while the stage ran
-                    self._drop_quietly(persist_key(nid, i) for i in parts)
+        """Run one stage; its replies in task order.
+
+        ``persisted(k)``: the persisted partitions task ``k`` computes (held once the
+        stage succeeds, dropped if it fails); ``kept(k, reply)``: the other partitions it
+        leaves on its worker. Both get lineage records: such a stage's program is
+        pickled here, once, and kept with them. Lost inputs are recomputed first; a
+        stage that fails because a worker was lost runs again.
+        """
+        made = [persisted(t.index) if persisted else [] for t in tasks]
+        payload = None
+        if kept is not None or any(made):
+            payload = shipping.pack_program(program, self._min_ref_bytes)
+            program = Frozen(payload)
+        label = f"{self.action}: {name}"
+        cause: Exception | None = None
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            live = set(self.runner.workers)
+            lineage.check_workers(live, label, cause)
+            try:
+                self._recover_inputs(tasks, live)
+                results = self.runner.execute(StageSpec(program, tasks, name=label))
+                epoch = int(getattr(self.runner, "last_epoch", 0))
+                read_sets = list(getattr(self.runner, "last_read_sets", []))
+                break
+            except Exception as exc:
+                self._drop_unfinished(made)
+                if attempt == MAX_ATTEMPTS or not self._lost(exc, live):
+                    raise
+                cause = exc
+                logger.warning("%s: %s; running it again (attempt %d)", label, exc, attempt + 1)
+                alive = set(self.runner.workers)  # a task pinned to a lost worker goes anywhere
+                tasks = [t if t.worker is None or t.worker in alive else dataclasses.replace(t, worker=None)
+                         for t in tasks]  # fmt: skip
+            except BaseException:
+                self._drop_unfinished(made)
+                raise
+        if payload is not None:
+            self._remember(label, payload, tasks, results, made, kept, epoch, read_sets)
         return results
+
+    def _recover_inputs(self, tasks: list[TaskSpec], live: set[int]) -> None:
+        """Recompute, from lineage, the inputs of ``tasks`` that no ``live`` worker holds."""
+        lost = lineage.missing(self.runner, (k for t in tasks for k in t.inputs), live)
+        if lost:
+            lineage.recover(self.runner, lost)
+
+    def _lost(self, error: Exception, live: set[int]) -> bool:
+        """Whether ``error`` comes from a worker lost during the stage (worth a rerun).
+
+        A runtime error (e.g. a task could not fetch an input from a peer that just died)
+        counts if a worker of ``live`` turns out lost within :data:`LOSS_GRACE` seconds:
+        the death of a process may be noticed a moment after its peers see it.
+        """
+        if isinstance(error, lineage.UnrecoverableError):
+            return False
+        if isinstance(error, WorkerLostError | MissingPartitionError):
+            return True
+        grace = LOSS_GRACE if _infrastructure(error) else 0.0
+        deadline = time.monotonic() + grace
+        while not live - set(self.runner.workers):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _drop_unfinished(self, made: list[list[Made]]) -> None:
+        """Drop the persisted partitions a failed stage was computing (some tasks may have)."""
+        self._drop_quietly(
+            m.key for ms in made for m in ms
+            if m.dataset is not None and m.index not in _persisted.get(m.dataset, ())
+        )  # fmt: skip
+
+    def _remember(
+        self, label: str, payload: bytes, tasks: list[TaskSpec], results: list[Any],
+        made: list[list[Made]], kept: Callable[[int, Any], list[Made]] | None,
+        epoch: int, read_sets: list,
+    ) -> None:  # fmt: skip
+        """Record the lineage of what each task of a finished stage left on its worker."""
+        try:
+            owner: weakref.ref | None = weakref.ref(self.runner)
+        except TypeError:
+            owner = None
+        for k, task in enumerate(tasks):
+            outputs = made[k] + (kept(k, results[k]) if kept is not None else [])
+            if not outputs:
+                continue
+            parents = {key: run for key in task.inputs if (run := lineage.producer(key)) is not None}
+            read_set = tuple(map(tuple, read_sets[k])) if k < len(read_sets) else ()
+            run = TaskRun(label, payload, task.index, task.inputs, task.output, epoch, read_set,
+                          parents, runner=owner)  # fmt: skip
+            for out in outputs:
+                if out.dataset is not None:
+                    if out.dataset not in _persisted:  # unpersisted while the stage ran
+                        self._drop_quietly([out.key])
+                        continue
+                    _persisted[out.dataset].add(out.index)
+                lineage.record(out.key, run, out.ops, out.dataset, out.index)
 
     def _drop_quietly(self, keys: Iterable[PartitionKey]) -> None:
         """Drop ``keys``, logging a failure (the action's own outcome matters more)."""
@@ -341,7 +479,7 @@ class Job:
         compiled = self.compile(node)
         tasks = [TaskSpec(k, inputs=compiled.inputs(i)) for k, i in enumerate(parts)]
         program = CollectTask(compiled.op, parts, limit)
-        return self.run(node.name, program, tasks, [(compiled.persists, parts)])
+        return self.run(node.name, program, tasks, lambda k: compiled.persisted(parts[k]))
 
     def take(self, node: Node, n: int) -> Any:
         """The first ``n`` elements: partition 0 first, then ×4 more partitions per round
@@ -367,18 +505,19 @@ class Job:
         merges its partials, then rounds of :data:`FAN_IN` until one task replies the value."""
         self._prepare([node], range(node.n))
         compiled = self.compile(node)
-        marks = [(compiled.persists, range(node.n))]
         program = PartialTask(compiled.op, aggregate, range(node.n))
         if node.n == 1:
-            value = self.run(f"{node.name} (partial)", program, [TaskSpec(0, compiled.inputs(0))], marks)[0]
-            return aggregate.finish(value)
+            tasks = [TaskSpec(0, compiled.inputs(0))]
+            return aggregate.finish(self.run(f"{node.name} (partial)", program, tasks, compiled.persisted)[0])
         level = [("agg", self.token, 0, i) for i in range(node.n)]
         self.temp.extend(level)
         tasks = [
             TaskSpec(i, inputs=compiled.inputs(i), output=level[i], reply=False)
             for i in range(node.n)
         ]
-        self.run(f"{node.name} (partials)", program, tasks, marks)
+        partial_ops = compiled.ops + ("partial",)
+        self.run(f"{node.name} (partials)", program, tasks, compiled.persisted,
+                 lambda k, _: [Made(level[k], partial_ops)])  # fmt: skip
         groups = self._by_holder(level)
         combine = CombineTask(aggregate)
         for rnd in itertools.count(1):
@@ -397,7 +536,9 @@ class Job:
                     self.temp.append(key)
                     level.append(key)
             if tasks:
-                values = self.run(f"{node.name} (combine, round {rnd})", combine, tasks)
+                outputs = [t.output for t in tasks]
+                made = None if final else (lambda k, _, o=outputs: [Made(o[k], ("combine",))])
+                values = self.run(f"{node.name} (combine, round {rnd})", combine, tasks, kept=made)
                 if final:
                     return aggregate.finish(values[0])
             groups = [level[k : k + FAN_IN] for k in range(0, len(level), FAN_IN)]
@@ -410,17 +551,15 @@ class Job:
         return list(groups.values())
 
 
-def run_action(runner: StageRunner, action: str, body: Callable[[Job], Any], attempts: int = 3) -> Any:
-    """Run ``body`` in a fresh :class:`Job`. If partitions it needs are lost with their
-    worker (:class:`MissingPartitionError`: persisted partitions, or the job's own
-    buckets and partials), forget them and run it again: they are recomputed."""
-    for attempt in range(attempts):
-        with Job(runner, action) as job:
-            try:
-                return body(job)
-            except MissingPartitionError as exc:
-                ours = forget_lost(exc.keys) or not set(exc.keys).isdisjoint(job.temp)
-                if attempt == attempts - 1 or not ours:
-                    raise
-                logger.warning("%s: recomputing after losing %d partitions", action, len(exc.keys))
-    raise AssertionError("unreachable")
+def run_action(runner: StageRunner, action: str, body: Callable[[Job], Any]) -> Any:
+    """Run ``body`` in a fresh :class:`Job` (its temporary partitions dropped at the end).
+    Partitions lost on the way are recomputed by :meth:`Job.run` from lineage."""
+    with Job(runner, action) as job:
+        return body(job)
+
+
+# --- what the cluster and the widgets read -----------------------------------------------
+
+oldest_needed_epoch = lineage.oldest_needed_epoch
+truncate_lineage = lineage.truncate_lineage
+recovery_counters = lineage.recovery_counters
