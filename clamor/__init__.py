@@ -5,6 +5,7 @@ to them, and workers fetch only the pages they touch. This module is the
 curated public API and nothing else.
 """
 
+from clamor.runtime.accumulators import Accumulator
 from clamor.runtime.arena import (
     array,
     asarray,
@@ -14,7 +15,7 @@ from clamor.runtime.arena import (
     in_arena,
     shared,
 )
-from clamor.runtime.accumulators import Accumulator
+from clamor.runtime.checkpoint import CheckpointError, restore
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.dataset import Dataset
 from clamor.runtime.errors import (
@@ -33,6 +34,7 @@ __all__ = [
     "Accumulator",
     "ArenaExhaustedError",
     "ArenaRef",
+    "CheckpointError",
     "ClamorError",
     "Cluster",
     "Dataset",
@@ -46,5 +48,6 @@ __all__ = [
     "empty",
     "empty_like",
     "in_arena",
+    "restore",
     "shared",
 ]

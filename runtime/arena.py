@@ -423,3 +423,38 @@ def page_span(x: Any, page_size: int) -> tuple[int, int]:
     """The pages ``[first, end)`` that the arena array ``x`` occupies."""
     start = arena_offset(x)
     return start // page_size, -(-(start + max(x.nbytes, 1)) // page_size)
+
+
+# ---------------------------------------------------------- checkpoints --
+# Thin wrappers used by runtime/checkpoint.py (see the checkpoint block of api.h).
+
+
+def live_blocks() -> list[tuple[int, int]]:
+    """The live extent blocks ``(offset, usable size)`` in offset order.
+
+    Every array of at least a page is one of them (or a view into one); slab
+    objects (allocations below the page size) are not listed.
+    """
+    if not lib.clamor_arena_exists():
+        return []
+    cap = 64
+    while True:
+        offsets, sizes = ffi.new("uint64_t[]", cap), ffi.new("uint64_t[]", cap)
+        n = int(lib.clamor_arena_list_blocks(offsets, sizes, cap))
+        if n <= cap:
+            return [(int(offsets[i]), int(sizes[i])) for i in range(n)]
+        cap = 2 * n  # blocks were added between the two calls: ask again
+
+
+def reserve(offset: int, nbytes: int) -> None:
+    """Mark ``[offset, offset + nbytes)`` (4 KiB aligned) as one live block, as if it had
+    been allocated there; ``ClamorError`` if any of it is in use or outside the arena."""
+    get_arena()
+    err = ffi.new("char[256]")
+    if lib.clamor_arena_reserve(offset, nbytes, err, len(err)) != 0:
+        raise ClamorError(ffi.string(err).decode(errors="replace"))
+
+
+def release(offset: int) -> None:
+    """Free the block that starts at ``offset`` (e.g. one made by :func:`reserve`)."""
+    lib.clamor_arena_free(ffi.cast("char *", lib.clamor_arena_base()) + offset)

@@ -27,7 +27,7 @@ from typing import Any, Self
 
 import cloudpickle
 import grpc
-from clamor.runtime import arena, plan, shipping
+from clamor.runtime import arena, checkpoint, lineage, shipping
 from clamor.runtime.dataset import DatasetSources
 from clamor.runtime.errors import ClamorError, WorkerLostError
 from clamor.runtime.executor import Executor
@@ -154,6 +154,9 @@ class Cluster(DatasetSources):
     pages to peers), ``readahead`` (batch sequential faults). ``paging``: replaces the
     arena pager (tests use the no-op one). ``timeout``: seconds to wait for all workers to be
     ready. ``log_dir``: where worker logs go (default: the driver's stdout/stderr).
+    Stragglers (DESIGN 6): with ``speculation``, a task running longer than
+    ``speculation_factor`` times its stage's median gets a copy on an idle worker;
+    the first result wins. A lost worker's running tasks are rerun elsewhere.
     """
 
     def __init__(
@@ -168,6 +171,8 @@ class Cluster(DatasetSources):
         paging: DriverPaging | None = None,
         timeout: float = 60.0,
         log_dir: str | None = None,
+        speculation: bool = True,
+        speculation_factor: float = 2.0,
     ) -> None:
         n = (os.cpu_count() or 1) if workers is None else workers
         if n < 1:
@@ -195,6 +200,8 @@ class Cluster(DatasetSources):
             unreachable=lambda w, why: (c := me()) and c._on_unreachable(w, why),
             min_ref_bytes=lambda: (c := me()) and (c.page_size or None),
             version_floor=lambda epoch: (c := me()) and c._version_floor(epoch) or epoch,
+            speculation=speculation,
+            speculation_factor=speculation_factor,
         )
         self._pins: collections.Counter[int] = collections.Counter()
 
@@ -392,6 +399,21 @@ class Cluster(DatasetSources):
             tasks.append(TaskSpec(i, worker=worker_id))
         return self.execute(StageSpec(_CallTable(payloads), tasks, epoch=epoch))
 
+    # --- checkpoints ---
+
+    def checkpoint(
+        self, path: str, variables: dict[str, Any] | None = None, datasets: dict | None = None
+    ) -> checkpoint.CheckpointHandle:
+        """Start writing the arena, ``variables`` and persisted ``datasets`` to ``path``.
+
+        Returns at once (the notebook keeps running and may keep writing arrays); the
+        checkpoint holds the arena as it was now (copy-on-write through the version
+        log). ``handle.wait()`` / ``handle.result()``; ``clamor.restore(path)`` in a
+        fresh process brings everything back (DESIGN 6).
+        """
+        self._check_open()
+        return checkpoint.start(self, path, variables, datasets)
+
     # --- page versions ---
 
     @contextlib.contextmanager
@@ -409,10 +431,9 @@ class Cluster(DatasetSources):
     def _version_floor(self, epoch: int) -> int:
         """The oldest epoch any stage may still read: pinned ones, lineage's, this one."""
         needed = [epoch, *self._pins]
-        oldest = getattr(plan, "oldest_needed_epoch", None)
-        lineage = oldest() if oldest is not None else None
-        if lineage is not None:
-            needed.append(lineage)
+        oldest = lineage.oldest_needed_epoch(self)
+        if oldest is not None:
+            needed.append(oldest)
         return min(needed)
 
     @property
@@ -486,7 +507,8 @@ class Cluster(DatasetSources):
         stats = dict(self._paging.stats())
         workers = self.worker_stats()
         stats.update(stages_run=self._executor.stages_run, tasks_run=self._executor.tasks_run)
-        stats.update(tasks_recomputed=0, tasks_speculated=0)  # no recovery or speculation yet
+        stats.update(self._executor.counters())  # tasks_rerun, tasks_speculated, tasks_lost
+        stats["tasks_recomputed"] = lineage.recovery_counters(self)["tasks_recomputed"]
         stats["scheduler"] = self._executor.snapshot()
         for key in ("pages_fetched", "faults"):
             stats[key] = sum(w.get(key, 0) for w in workers)
@@ -543,7 +565,13 @@ class Cluster(DatasetSources):
             raise ClamorError("the cluster is closed")
 
     def close(self) -> None:
-        """Shut the workers down (SIGKILL for stragglers) and stop the scheduler. Idempotent."""
+        """Shut the workers down (SIGKILL for stragglers) and stop the scheduler. Idempotent.
+
+        A checkpoint still being written is finished first (it reads the pager's tables)."""
+        with self._cond:
+            if self._closed:
+                return
+        checkpoint.wait_pending(self)
         with self._cond:
             if self._closed:
                 return

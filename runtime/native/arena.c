@@ -745,3 +745,98 @@ out:
     pthread_mutex_unlock(&A.lock);
     return rc;
 }
+
+/* -------------------------------------------------------- checkpoints --
+ * runtime/checkpoint.py saves the arena's live extent blocks and re-creates
+ * them at the same offsets in a fresh process, so that arrays rebuilt from
+ * ArenaRefs land where they were and later allocations never overlap them.
+ * Slab objects (requests below the page size) are not listed: an ArenaRef
+ * only ever names an array of at least a page, which is an extent block. */
+
+uint64_t clamor_arena_list_blocks(uint64_t *offsets, uint64_t *sizes, uint64_t cap)
+{
+    if (!ready())
+        return 0;
+    uint64_t n = 0;
+    pthread_mutex_lock(&A.lock);
+    uint64_t pos = 0;
+    for (size_t i = 0; i <= A.next; i++) {
+        uint64_t gap_end = i < A.next ? A.ext[i].start : A.nunits;
+        while (pos < gap_end) { /* the gap is tiled by live blocks and slabs */
+            slab_t *s = A.slabs[pos / SLAB_UNITS];
+            if (s && s->unit == pos) {
+                pos += SLAB_UNITS;
+            } else if (A.blen[pos]) {
+                if (n < cap) {
+                    offsets[n] = pos * UNIT;
+                    sizes[n] = (uint64_t)A.blen[pos] * UNIT;
+                }
+                n++;
+                pos += A.blen[pos];
+            } else {
+                pos++; /* unreachable when the metadata is consistent */
+            }
+        }
+        if (i < A.next)
+            pos = (uint64_t)A.ext[i].start + A.ext[i].len;
+    }
+    pthread_mutex_unlock(&A.lock);
+    return n;
+}
+
+int clamor_arena_reserve(uint64_t offset, uint64_t nbytes, char *err, size_t errlen)
+{
+    if (!ready()) {
+        set_err(err, errlen, "the arena does not exist (or belongs to the parent process)");
+        return -1;
+    }
+    if (offset % UNIT || nbytes == 0 || nbytes % UNIT) {
+        set_err(err, errlen, "block %llu+%llu is not a whole number of 4 KiB units",
+                (unsigned long long)offset, (unsigned long long)nbytes);
+        return -1;
+    }
+    if (offset > A.size || nbytes > A.size - offset) {
+        set_err(err, errlen, "block %llu+%llu lies beyond the arena's end (%llu bytes)",
+                (unsigned long long)offset, (unsigned long long)nbytes,
+                (unsigned long long)A.size);
+        return -1;
+    }
+    uint64_t u = offset / UNIT, n = nbytes / UNIT;
+    if (n > UINT32_MAX) {
+        set_err(err, errlen, "block of %llu bytes is too large", (unsigned long long)nbytes);
+        return -1;
+    }
+    pthread_mutex_lock(&A.lock);
+    size_t i = ext_upper(u);
+    if (i == 0 || (uint64_t)A.ext[i - 1].start + A.ext[i - 1].len < u + n) {
+        pthread_mutex_unlock(&A.lock);
+        set_err(err, errlen, "bytes %llu..%llu of the arena are already in use",
+                (unsigned long long)offset, (unsigned long long)(offset + nbytes));
+        return -1;
+    }
+    if (ext_reserve(1) < 0) {
+        pthread_mutex_unlock(&A.lock);
+        set_err(err, errlen, "out of memory for the arena's metadata");
+        return -1;
+    }
+    i--;
+    uint64_t s = A.ext[i].start, l = A.ext[i].len;
+    uint64_t front = u - s, back = s + l - (u + n);
+    if (front == 0 && back == 0) {
+        ext_remove(i);
+    } else if (front == 0) {
+        A.ext[i].start = (uint32_t)(u + n);
+        A.ext[i].len = (uint32_t)back;
+    } else if (back == 0) {
+        A.ext[i].len = (uint32_t)front;
+    } else {
+        A.ext[i].len = (uint32_t)front;
+        ext_insert(i + 1, u + n, back);
+    }
+    bump_high_water(u + n);
+    A.blen[u] = (uint32_t)n;
+    A.used += n * UNIT;
+    A.allocations++;
+    pthread_mutex_unlock(&A.lock);
+    return 0;
+}
