@@ -37,6 +37,11 @@ bench-deps:
 bench-overhead: $(STAMP) bench-deps
 	$(PYTHON) bench/overhead.py
 
+## Recovery from a killed worker and speculation against a straggler (bench/recovery.py).
+.PHONY: bench-recovery
+bench-recovery: $(STAMP) bench-deps
+	$(PYTHON) bench/recovery.py
+
 proto:
 	$(PYTHON) runtime/proto/generate.py
 
