@@ -1,0 +1,1 @@
+"""The %clamor / %%clamor magics: they parse and delegate, they do not schedule."""
