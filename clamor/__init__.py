@@ -31,7 +31,7 @@ from clamor.runtime.shipping import ArenaRef
 __version__ = "0.1.0"
 
 
-def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's shell
+def load_ipython_extension(ipython: object) -> None:
     """``%load_ext clamor``: the %clamor / %%clamor magics in any IPython kernel."""
     from clamor.kernel.magics import load_ipython_extension as load
 
