@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Iterable
 from typing import IO
 
+import psutil
 from clamor.runtime.transport import write_temp_token_file
 
 
@@ -147,7 +148,16 @@ class LocalLauncher:
         return self._procs[worker_id].pid
 
     def alive(self, worker_id: int) -> bool:
-        return self._procs[worker_id].poll() is None
+        """Whether the worker's process still runs. ``Popen.poll`` alone says "running"
+        while another thread is inside ``wait()`` (e.g. ``kill_worker``), so a process
+        that has died (a zombie) or was reaped is checked for as well."""
+        proc = self._procs[worker_id]
+        if proc.poll() is not None:
+            return False
+        try:
+            return psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
 
     def exitcode(self, worker_id: int) -> int | None:
         """``None`` while running; the exit status, or ``-signal`` if killed by a signal."""
