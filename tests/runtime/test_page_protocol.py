@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -63,6 +64,10 @@ def test_wrong_token_is_refused_and_counted(pager):
     failures = pager.stats()["driver"]["auth_failures"]
     with pytest.raises(PermissionError):
         pc.PageClient("127.0.0.1", pager.port, b"not-the-token")
+    # The server counts the failure after closing the connection: allow it a moment.
+    deadline = time.monotonic() + 5
+    while pager.stats()["driver"]["auth_failures"] == failures and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert pager.stats()["driver"]["auth_failures"] == failures + 1
 
 
