@@ -472,7 +472,8 @@ class Executor:
         return self._state.snapshot()
 
     def counters(self) -> dict[str, int]:
-        """``tasks_rerun``, ``tasks_speculated``, ``tasks_lost`` (plain ints: safe from any thread)."""
+        """The scheduler's counters: ``tasks_rerun``, ``tasks_speculated``, ``tasks_replaced``,
+        ``tasks_lost`` (plain ints: safe to read from any thread)."""
         return self._state.counters()
 
     def close(self) -> None:

@@ -18,117 +18,50 @@ Fault tolerance (DESIGN 6):
   instead if a task is pinned there, if a task was lost ``max_attempts`` times or if no
   worker is left; with :class:`MissingPartitionError` if a pending task needs a partition
   that is gone (the dataset layer recomputes it; the scheduler knows no lineage).
-- Speculation (``tick``): see :class:`~clamor.runtime.scheduler_policy.SpeculationPolicy`
-  for when a stage may speculate and which attempt is a straggler. A straggler (running,
-  not pinned, its task not speculated before) gets one copy on an idle worker (no
-  attempt running there; the one holding most of its inputs); no idle worker, no copy.
+- Stragglers (``tick``): see :class:`~clamor.runtime.scheduler_policy.SpeculationPolicy`
+  for when a stage can tell them and may speculate. The worker of a straggler is marked
+  slow (never the last live worker not marked slow): the attempts queued behind the
+  straggler there (not pinned, inputs all held) are cancelled and their tasks pending
+  again (``tasks_replaced``) for the workers with room; it holds at most ``slow_limit``
+  attempts until it finishes one within the threshold, or the stage that marked it
+  ends. Then, the pending tasks placed, a straggler (not pinned, its task not speculated
+  before) gets one copy on an idle worker not marked slow (the one holding most of its
+  inputs, round-robin on ties); no idle worker, no copy.
 - The first result per task index wins (accumulator updates merge exactly once); the
-  other attempts of that index are cancelled and their results ignored. A task error
-  fails the stage only if no other attempt of that index still runs.
+  other attempts of that index are cancelled and their results ignored, but a queued
+  attempt taken back from a slow worker that had started before its Cancel arrived
+  still counts if it reports the first result of its index. A task error fails the
+  stage only if no other attempt of that index still runs.
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
+import functools
 import heapq
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from clamor.runtime.errors import MissingPartitionError, WorkerLostError
-from clamor.runtime.scheduler_policy import (
+from clamor.runtime.scheduler_policy import (  # the instructions live there, used from here
+    Attempt,
+    Cancel,
+    Drop,
+    Instruction,
+    Launch,
+    PartitionsLost,
     Registry,
     SpeculationPolicy,
+    StageDone,
+    StageFailed,
     StageState,
+    TaskResult,
     WorkerState,
     group,
     pick_worker,
-    pop_pending,
+    place_stage,
 )
 from clamor.runtime.stage import DRIVER, PartitionKey, TaskSpec
-
-# --- instructions ------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Attempt:
-    """One try at task ``index`` of ``stage`` (``id``: unique for the state's life).
-
-    ``locations``: the holder (worker id or :data:`DRIVER`) of each of ``spec.inputs``.
-    ``speculative``: a copy of a straggling attempt still running elsewhere.
-    """
-
-    id: int
-    stage: int
-    index: int
-    spec: TaskSpec
-    locations: dict[PartitionKey, int]
-    speculative: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    """Send these attempts to ``worker`` (it runs them in order, one at a time)."""
-
-    worker: int
-    attempts: tuple[Attempt, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Cancel:
-    """Tell ``worker`` to abandon these attempt ids (their results will be ignored)."""
-
-    worker: int
-    attempts: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskResult:
-    """What a finished attempt reports (``outputs``: partitions left on ``worker``: nbytes)."""
-
-    index: int
-    worker: int
-    attempt: int
-    value: Any = None
-    outputs: dict[PartitionKey, int] = dataclasses.field(default_factory=dict)
-    accumulator_updates: dict = dataclasses.field(default_factory=dict)
-    read_set: tuple = ()
-    duration: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class StageDone:
-    """Every task of ``stage`` finished; ``results`` in index order."""
-
-    stage: int
-    results: tuple[TaskResult, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class StageFailed:
-    """``stage`` is over with ``error`` (its running attempts are cancelled alongside)."""
-
-    stage: int
-    error: BaseException
-
-
-@dataclasses.dataclass(frozen=True)
-class Drop:
-    """Tell ``worker`` (or :data:`DRIVER`) to free these partitions."""
-
-    worker: int
-    keys: tuple[PartitionKey, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class PartitionsLost:
-    """These partitions are gone with a lost worker (nobody holds them any more)."""
-
-    keys: tuple[PartitionKey, ...]
-
-
-Instruction = Launch | Cancel | StageDone | StageFailed | Drop | PartitionsLost
-
 
 # --- the state machine -------------------------------------------------------
 
@@ -137,7 +70,8 @@ class SchedulerState:
     """Stages, workers, running attempts and the partition registry of one cluster.
 
     ``window``: the most attempts queued on one worker at once (the per-worker
-    limit is ``ceil(unfinished tasks / live workers)``, clamped to ``1..window``).
+    limit is ``ceil(unfinished tasks / live workers not marked slow)``, clamped to
+    ``1..window``; a slow worker's is 1).
     ``max_attempts``: how many attempts of one task may be lost with their worker
     before its stage fails. ``speculation*``: see :class:`SpeculationPolicy`
     (``speculation_min``: its ``minimum``, seconds).
@@ -166,12 +100,14 @@ class SchedulerState:
         self._partitions = Registry()
         self._attempts: dict[int, tuple[int, Attempt]] = {}  # running: id -> (worker, attempt)
         self._speculative: set[int] = set()  # running attempts launched as copies
+        self._replaced: dict[int, tuple[int, Attempt]] = {}  # taken back from slow workers
+        self._last_copy: int | None = None  # the worker that got the last copy
         self._next_attempt = 1
         self._batch: dict[int, dict[int, Attempt]] = {}  # attempts placed in this event
         self._now: float | None = None  # the time of the event being handled
         #: attempts relaunched because their worker was lost, speculative copies launched,
-        #: attempts lost with their worker
-        self.tasks_rerun = self.tasks_speculated = self.tasks_lost = 0
+        #: attempts lost with their worker, queued attempts taken back from slow workers
+        self.tasks_rerun = self.tasks_speculated = self.tasks_lost = self.tasks_replaced = 0
 
     # --- queries ---------------------------------------------------------------
 
@@ -185,13 +121,18 @@ class SchedulerState:
         return sorted(self._workers)
 
     @property
+    def slow(self) -> list[int]:
+        """Ids of the live workers marked slow, sorted."""
+        return sorted(w for w, s in self._workers.items() if s.slow is not None)
+
+    @property
     def limit(self) -> int:
-        """How many attempts one worker may run at once now (0 without workers)."""
+        """How many attempts a worker not marked slow may hold now (0 without workers)."""
         if not self._workers:
             return 0
         unfinished = sum(len(s.specs) - len(s.results) for s in self._stages.values())
-        per_worker = -(-unfinished // len(self._workers))
-        return max(1, min(self.window, per_worker))
+        fast = sum(s.slow is None for s in self._workers.values()) or len(self._workers)
+        return max(1, min(self.window, -(-unfinished // fast)))
 
     def running(self, worker: int) -> tuple[int, ...]:
         """The ids of the attempts running on ``worker``, sorted (``()`` if not live)."""
@@ -204,6 +145,7 @@ class SchedulerState:
             "tasks_rerun": self.tasks_rerun,
             "tasks_speculated": self.tasks_speculated,
             "tasks_lost": self.tasks_lost,
+            "tasks_replaced": self.tasks_replaced,
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -223,7 +165,11 @@ class SchedulerState:
         return {
             "stages": stages,
             "workers": {
-                w: {"running": len(s.running), "tasks_done": s.tasks_done}
+                w: {
+                    "running": len(s.running),
+                    "tasks_done": s.tasks_done,
+                    "slow": s.slow is not None,
+                }
                 for w, s in sorted(self._workers.items())
             },
             "partitions": len(self._partitions.entries),
@@ -260,6 +206,10 @@ class SchedulerState:
         for attempt in lost:
             self._forget(worker, attempt.id)  # never cancelled: nothing goes to a lost worker
         del self._workers[worker]
+        self._replaced = {a: e for a, e in self._replaced.items() if e[0] != worker}
+        if all(s.slow is not None for s in self._workers.values()):
+            for s in self._workers.values():
+                s.slow = None  # some worker takes the full limit
         self.tasks_lost += len(lost)
         out: list[Instruction] = []
         if keys := self._partitions.lose(worker):
@@ -303,25 +253,31 @@ class SchedulerState:
         """An attempt succeeded: the first result per index wins, the worker is refilled.
 
         The winner's ``outputs`` enter the registry and the other attempts of its index
-        are cancelled. Results of unknown or cancelled attempts, or reported by another
-        worker than the attempt's, are ignored (outputs they left on a live worker that
-        the registry has elsewhere are dropped there).
+        are cancelled. Results of unknown or cancelled attempts (but for the first result
+        of an attempt taken back from a slow worker), or reported by another worker than
+        the attempt's, are ignored (outputs they left on a live worker that the registry
+        has elsewhere are dropped there). A slow worker finishing an attempt within the
+        threshold is not slow any more.
         """
         self._now = now
-        attempt = self._forget(worker, result.attempt)
+        attempt = self._forget(worker, result.attempt) or self._late(worker, result.attempt)
         if attempt is None:
             stale = [k for k in result.outputs if self.holder(k) not in (None, worker)]
             return [Drop(worker, tuple(stale))] if stale and worker in self._workers else []
         stage = self._stages[attempt.stage]
+        state = self._workers[worker]
+        marked = None if state.slow is None else self._stages[state.slow]  # see ``_end``
+        if marked is not None and result.duration <= self.policy.threshold(marked.durations):
+            state.slow = None
         out: list[Instruction] = []
         if attempt.index not in stage.results:
             stage.results[attempt.index] = result
             bisect.insort(stage.durations, result.duration)
-            self._workers[worker].tasks_done += 1
+            state.tasks_done += 1
             out += self._register(worker, result.outputs)
             out += self._cancel(stage, stage.copies.get(attempt.index, ()))
             if len(stage.results) == len(stage.specs):
-                del self._stages[stage.id]
+                self._end(stage)
                 results = tuple(stage.results[i] for i in range(len(stage.specs)))
                 out.append(StageDone(stage.id, results))
         return self._refill(out)
@@ -338,6 +294,7 @@ class SchedulerState:
         self._now = now
         failed = self._forget(worker, attempt)
         if failed is None:
+            self._replaced.pop(attempt, None)  # taken back: its task is placed again anyway
             return []
         stage = self._stages[failed.stage]
         if failed.index in stage.copies:
@@ -378,13 +335,16 @@ class SchedulerState:
         return [Drop(holder, tuple(ks)) for holder, ks in self._partitions.remove(keys).items()]
 
     def tick(self, now: float) -> list[Instruction]:
-        """Time passes: launch speculative copies of stragglers (see the module doc)."""
+        """Time passes: mark the workers of stragglers slow and place the attempts queued
+        behind them again, then launch speculative copies (see the module doc)."""
         self._now = now
         for state in self._workers.values():
             if state.head is not None and state.since is None:
                 state.since = now  # started at an event without ``now``: at the latest now
+        out = self._replace(now)
+        self._place(out)
         self._speculate(now)
-        return self._flush([])
+        return self._flush(out)
 
     # --- helpers ---------------------------------------------------------------
 
@@ -405,6 +365,20 @@ class SchedulerState:
         copies.remove(attempt_id)
         if not copies:
             del stage.copies[attempt.index]
+        return attempt
+
+    def _late(self, worker: int, attempt_id: int) -> Attempt | None:
+        """An attempt taken back from ``worker`` reports: it counts if its result is the
+        first of its index (the index leaves the pending tasks); else ``None``."""
+        entry = self._replaced.get(attempt_id)
+        if entry is None or entry[0] != worker:
+            return None
+        del self._replaced[attempt_id]
+        attempt = entry[1]
+        stage = self._stages.get(attempt.stage)
+        if stage is None or attempt.index in stage.results:
+            return None
+        stage.pending.discard(attempt.index)
         return attempt
 
     def _set_head(self, state: WorkerState) -> None:
@@ -481,8 +455,16 @@ class SchedulerState:
         """End a stage with ``error``: drop its pending tasks, cancel its running attempts."""
         cancels = self._cancel(stage, list(stage.running))
         stage.pending.clear()
-        del self._stages[stage.id]
+        self._end(stage)
         return [StageFailed(stage.id, error), *cancels]
+
+    def _end(self, stage: StageState) -> None:
+        """Forget an ended stage, the slow marks it set and the attempts taken back from it."""
+        del self._stages[stage.id]
+        for state in self._workers.values():
+            if state.slow == stage.id:
+                state.slow = None
+        self._replaced = {a: e for a, e in self._replaced.items() if e[1].stage != stage.id}
 
     def _start(
         self, stage: StageState, index: int, worker: int, speculative: bool = False
@@ -502,7 +484,7 @@ class SchedulerState:
         self._batch.setdefault(worker, {})[attempt.id] = attempt
         return attempt
 
-    def _launch(self, stage: StageState, index: int, worker: int, out: list[Instruction]) -> bool:
+    def _launch(self, stage: StageState, out: list[Instruction], index: int, worker: int) -> bool:
         """Batch pending ``index`` for ``worker`` (``False``: an input is gone, failed)."""
         if any(key not in self._partitions for key in stage.specs[index].inputs):
             missing = self._missing(stage, sorted(stage.pending))  # ``index`` included
@@ -515,82 +497,100 @@ class SchedulerState:
         self._start(stage, index, worker)
         return True
 
-    def _speculate(self, now: float) -> None:
-        """Batch one copy of each straggler on an idle worker, longest running first."""
-        idle = {w for w, s in self._workers.items() if not s.running}
-        ready = {
+    def _stragglers(self, now: float, pending: bool) -> list[tuple[int, Attempt]]:
+        """``(worker, head attempt)`` of the stragglers, longest running first (of stages
+        with a baseline; ``pending=False``: of stages ready to speculate)."""
+        thresholds = {
             st.id: self.policy.threshold(st.durations)
             for st in self._stages.values()
-            if self.policy.ready(len(st.specs), len(st.results), len(st.pending))
+            if self.policy.baseline(len(st.specs), len(st.results)) and (pending or not st.pending)
         }
-        if not idle or not ready:
-            return
+        if not thresholds:
+            return []
         stragglers = []
-        for state in self._workers.values():
+        for worker, state in self._workers.items():
             if state.head is None or state.since is None:
                 continue
             attempt = self._attempts[state.head][1]
-            threshold = ready.get(attempt.stage)
+            threshold = thresholds.get(attempt.stage)
             if threshold is not None and now - state.since > threshold:
-                stragglers.append((state.since, attempt.id, attempt))
-        for _, _, attempt in sorted(stragglers):
+                stragglers.append((state.since, attempt.id, worker, attempt))
+        return [(worker, attempt) for _, _, worker, attempt in sorted(stragglers)]
+
+    def _replace(self, now: float) -> list[Instruction]:
+        """Mark the workers of stragglers slow (but the last one not slow) and take the
+        attempts queued behind the stragglers back: their tasks are pending again."""
+        fast = sum(s.slow is None for s in self._workers.values())
+        cancels = []
+        for worker, head in self._stragglers(now, pending=True):
+            state = self._workers[worker]
+            if state.slow is not None:
+                continue
+            if fast <= 1:
+                break
+            state.slow, fast = head.stage, fast - 1
+            for attempt_id in list(state.running)[1:]:
+                attempt = self._attempts[attempt_id][1]
+                if attempt.spec.worker is not None or attempt.id in self._batch.get(worker, {}):
+                    continue  # pinned, or not sent yet
+                if any(key not in self._partitions for key in attempt.spec.inputs):
+                    continue  # it has what it needs where it is; placed again it would not
+                self._forget(worker, attempt_id)
+                self._replaced[attempt_id] = (worker, attempt)
+                cancels.append((worker, attempt_id))
+                stage = self._stages[attempt.stage]
+                if attempt.index not in stage.copies:
+                    self._enqueue(stage, attempt.index)
+                    self.tasks_replaced += 1
+        return [Cancel(w, tuple(ids)) for w, ids in group(cancels).items()]
+
+    def _speculate(self, now: float) -> None:
+        """Batch one copy of each straggler on an idle worker not marked slow, longest
+        running first; idle workers take copies round-robin (when inputs do not decide)."""
+        idle = {w for w, s in self._workers.items() if not s.running and s.slow is None}
+        if not idle:
+            return
+        for _, attempt in self._stragglers(now, pending=False):
             stage = self._stages[attempt.stage]
             spec = attempt.spec
             if spec.worker is not None or attempt.index in stage.speculated:
                 continue
             if any(key not in self._partitions for key in spec.inputs):
                 continue  # the original has what it needs; a copy would not
-            target = pick_worker(idle, self._partitions.held(spec.inputs))
+            target = pick_worker(idle, self._partitions.held(spec.inputs), self._last_copy)
             idle.discard(target)
+            self._last_copy = target
             stage.speculated.add(attempt.index)
             self._speculative.add(self._start(stage, attempt.index, target, True).id)
             self.tasks_speculated += 1
             if not idle:
                 return
 
-    def _place_stage(self, stage: StageState, room: dict[int, int], out: list[Instruction]) -> bool:
-        """Give a stage's pending tasks to workers with room; ``False`` if the stage failed.
-
-        Pinned tasks first, then tasks go to their preferred worker, then any other
-        unpinned task goes to the worker with the most room left (lowest id on ties).
-        """
-        for queues in (stage.pinned, stage.preferred):
-            for worker, queue in sorted(queues.items()):
-                while room.get(worker, 0) > 0:
-                    index = pop_pending(stage.pending, queue)
-                    if index is None:
-                        break
-                    if not self._launch(stage, index, worker, out):
-                        return False
-                    room[worker] -= 1
-        free = [(-r, w) for w, r in room.items() if r > 0]
-        heapq.heapify(free)
-        while free:
-            index = pop_pending(stage.pending, stage.unpinned)
-            if index is None:
-                break
-            _, worker = heapq.heappop(free)
-            if not self._launch(stage, index, worker, out):
-                return False
-            room[worker] -= 1
-            if room[worker] > 0:
-                heapq.heappush(free, (-room[worker], worker))
-        return True
-
     def _refill(self, out: list[Instruction]) -> list[Instruction]:
-        """Place pending tasks, stage by stage in FIFO order; append one Launch per worker."""
+        """Place pending tasks; append one Launch per worker."""
+        self._place(out)
+        return self._flush(out)
+
+    def _cap(self, state: WorkerState, limit: int) -> int:
+        """How many attempts this worker may hold (``limit``: :attr:`limit` now)."""
+        return limit if state.slow is None else min(limit, self.policy.slow_limit)
+
+    def _place(self, out: list[Instruction]) -> None:
+        """Batch pending tasks for the workers with room, stage by stage in FIFO order."""
         placing = True
         while placing and self._workers:
             placing = False
             limit = self.limit
-            room = {w: limit - len(s.running) for w, s in sorted(self._workers.items())}
+            room = {
+                w: self._cap(s, limit) - len(s.running) for w, s in sorted(self._workers.items())
+            }
             for stage in list(self._stages.values()):
                 if not any(r > 0 for r in room.values()):
                     break
-                if stage.pending and not self._place_stage(stage, room, out):
+                launch = functools.partial(self._launch, stage, out)
+                if stage.pending and not place_stage(stage, room, launch):
                     placing = True  # a stage failed and freed slots: place again
                     break
-        return self._flush(out)
 
     def _flush(self, out: list[Instruction]) -> list[Instruction]:
         """Append one Launch per worker for the attempts batched in this event."""

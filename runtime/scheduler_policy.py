@@ -1,8 +1,10 @@
 """Pieces of the scheduler state machine (runtime/scheduler.py), pure like it.
 
-Its records of workers and stages, the partition registry (who holds what) and the
-speculation policy (DESIGN 6: when a stage has a baseline and what running time makes
-an attempt a straggler). No I/O and no clock here either.
+The instructions it returns and the results it takes (import them from
+:mod:`clamor.runtime.scheduler`), its records of workers and stages, the partition
+registry (who holds what) and the speculation policy (DESIGN 6: when a stage has a
+baseline, what running time makes an attempt a straggler, what a slow worker may
+hold). No I/O and no clock here either.
 """
 
 from __future__ import annotations
@@ -10,41 +12,137 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
 
 from clamor.runtime.stage import DRIVER, PartitionKey, TaskSpec
 
-if TYPE_CHECKING:
-    from clamor.runtime.scheduler import TaskResult
+# --- instructions (imported from clamor.runtime.scheduler by its users) ---------
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One try at task ``index`` of ``stage`` (``id``: unique for the state's life).
+
+    ``locations``: the holder (worker id or :data:`DRIVER`) of each of ``spec.inputs``.
+    ``speculative``: a copy of a straggling attempt still running elsewhere.
+    """
+
+    id: int
+    stage: int
+    index: int
+    spec: TaskSpec
+    locations: dict[PartitionKey, int]
+    speculative: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """Send these attempts to ``worker`` (it runs them in order, one at a time)."""
+
+    worker: int
+    attempts: tuple[Attempt, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Cancel:
+    """Tell ``worker`` to abandon these attempt ids (their results will be ignored, but
+    the first result of a task whose queued attempt was taken back from a slow worker)."""
+
+    worker: int
+    attempts: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskResult:
+    """What a finished attempt reports (``outputs``: partitions left on ``worker``: nbytes)."""
+
+    index: int
+    worker: int
+    attempt: int
+    value: Any = None
+    outputs: dict[PartitionKey, int] = dataclasses.field(default_factory=dict)
+    accumulator_updates: dict = dataclasses.field(default_factory=dict)
+    read_set: tuple = ()
+    duration: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StageDone:
+    """Every task of ``stage`` finished; ``results`` in index order."""
+
+    stage: int
+    results: tuple[TaskResult, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class StageFailed:
+    """``stage`` is over with ``error`` (its running attempts are cancelled alongside)."""
+
+    stage: int
+    error: BaseException
+
+
+@dataclasses.dataclass(frozen=True)
+class Drop:
+    """Tell ``worker`` (or :data:`DRIVER`) to free these partitions."""
+
+    worker: int
+    keys: tuple[PartitionKey, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionsLost:
+    """These partitions are gone with a lost worker (nobody holds them any more)."""
+
+    keys: tuple[PartitionKey, ...]
+
+
+Instruction = Launch | Cancel | StageDone | StageFailed | Drop | PartitionsLost
+
+
+# --- the policy and helpers ---------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class SpeculationPolicy:
-    """When a running attempt gets one speculative copy.
+    """When a running attempt is a straggler, and what is done about it.
 
-    A stage is *ready* once it has no pending task and at least ``quantile`` of its
-    tasks (and at least one) have finished: their median duration is then a fair
-    baseline (with a single result, one lucky fast task would make every other one
-    look slow). An attempt is a straggler once it has been running for longer than
-    ``max(minimum, factor * median)``.
+    A stage has a *baseline* once at least ``quantile`` of its tasks (and at least
+    one) have finished: their median duration is then a fair one (with a single
+    result, one lucky fast task would make every other one look slow). It is *ready*
+    (to speculate) once it also has no pending task. An attempt is a straggler once
+    it has been running for longer than ``max(minimum, factor * median)``.
+
+    A straggler's worker is *slow*: the attempts queued behind the straggler are
+    placed again elsewhere and the worker holds at most ``slow_limit`` attempts until
+    it finishes one within the threshold (or the stage that found it slow ends).
     """
 
     enabled: bool = True
     factor: float = 2.0
     minimum: float = 0.05
     quantile: float = 0.25
+    slow_limit: int = 1
 
     def __post_init__(self) -> None:
-        if self.factor <= 0 or self.minimum < 0 or not 0 <= self.quantile <= 1:
+        if (
+            self.factor <= 0 or self.minimum < 0 or not 0 <= self.quantile <= 1
+            or self.slow_limit < 1
+        ):  # fmt: skip
             raise ValueError(
-                f"speculation needs factor > 0, minimum >= 0 and 0 <= quantile <= 1, not "
-                f"{self.factor}, {self.minimum}, {self.quantile}"
+                f"speculation needs factor > 0, minimum >= 0, 0 <= quantile <= 1 and "
+                f"slow_limit >= 1, not {self.factor}, {self.minimum}, {self.quantile}, "
+                f"{self.slow_limit}"
             )
+
+    def baseline(self, total: int, done: int) -> bool:
+        """Whether a stage with these task counts can tell stragglers (and slow workers)."""
+        return self.enabled and done >= max(1, math.ceil(self.quantile * total))
 
     def ready(self, total: int, done: int, pending: int) -> bool:
         """Whether a stage with these task counts may speculate."""
-        return self.enabled and not pending and done >= max(1, math.ceil(self.quantile * total))
+        return not pending and self.baseline(total, done)
 
     def threshold(self, durations: list[float]) -> float:
         """The running time (seconds) beyond which an attempt is a straggler."""
@@ -58,9 +156,12 @@ def median(values: list[float]) -> float:
     return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def pick_worker(candidates: Collection[int], held: dict[int, int]) -> int:
-    """The candidate holding the most input bytes (``held``), lowest id on ties."""
-    return min(candidates, key=lambda w: (-held.get(w, 0), w))
+def pick_worker(candidates: Collection[int], held: dict[int, int], after: int | None = None) -> int:
+    """The candidate holding the most input bytes (``held``); on ties the lowest id, or
+    with ``after``, round-robin: the lowest id above ``after``, else the lowest."""
+    if after is None:
+        return min(candidates, key=lambda w: (-held.get(w, 0), w))
+    return min(candidates, key=lambda w: (-held.get(w, 0), w <= after, w))
 
 
 def pop_pending(pending: Collection[int], heap: list[int] | None) -> int | None:
@@ -70,6 +171,39 @@ def pop_pending(pending: Collection[int], heap: list[int] | None) -> int | None:
         if index in pending:
             return index
     return None
+
+
+def place_stage(
+    stage: StageState, room: dict[int, int], launch: Callable[[int, int], bool]
+) -> bool:
+    """Give a stage's pending tasks to workers with room (``room[worker]`` is taken down):
+    ``launch(index, worker)`` each; ``False`` if one said the stage failed (no more then).
+
+    Pinned tasks first, then tasks go to their preferred worker, then any other
+    unpinned task goes to the worker with the most room left (lowest id on ties).
+    """
+    for queues in (stage.pinned, stage.preferred):
+        for worker, queue in sorted(queues.items()):
+            while room.get(worker, 0) > 0:
+                index = pop_pending(stage.pending, queue)
+                if index is None:
+                    break
+                if not launch(index, worker):
+                    return False
+                room[worker] -= 1
+    free = [(-r, w) for w, r in room.items() if r > 0]
+    heapq.heapify(free)
+    while free:
+        index = pop_pending(stage.pending, stage.unpinned)
+        if index is None:
+            break
+        _, worker = heapq.heappop(free)
+        if not launch(index, worker):
+            return False
+        room[worker] -= 1
+        if room[worker] > 0:
+            heapq.heappush(free, (-room[worker], worker))
+    return True
 
 
 def group(pairs: Iterable[tuple[int, Any]]) -> dict[int, list[Any]]:
@@ -138,13 +272,15 @@ class WorkerState:
     """A live worker: its running (launched, unfinished) attempt ids, in launch order.
 
     It runs them one at a time in that order: ``head`` (the first) since ``since``
-    (``None``: not known yet).
+    (``None``: not known yet). ``slow``: the id of the stage whose straggler marked
+    the worker slow (``None``: not slow).
     """
 
     running: dict[int, None] = dataclasses.field(default_factory=dict)
     head: int | None = None
     since: float | None = None
     tasks_done: int = 0
+    slow: int | None = None
 
 
 @dataclasses.dataclass(eq=False)
