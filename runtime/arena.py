@@ -252,7 +252,7 @@ def _exhausted(requested: int) -> ArenaExhaustedError:
 
 
 @contextlib.contextmanager
-def shared() -> Iterator[Arena]:
+def shared(*, min_bytes: int | None = None) -> Iterator[Arena]:
     """Place every numpy allocation made inside the block in the arena.
 
     This is the drop-in allocator of Clamor for numpy: third-party code (an
@@ -262,10 +262,17 @@ def shared() -> Iterator[Arena]:
     on error. Arrays keep the handler that allocated them, so they may outlive
     the block. A ``MemoryError`` caused by the arena running out is re-raised as
     ``ArenaExhaustedError`` naming the requested and free bytes.
+
+    ``min_bytes``: only allocations of at least this many bytes go to the arena
+    (e.g. the page size: the arrays that ship by reference); smaller ones stay in
+    ordinary memory.
     """
     arena = get_arena()
     failed_before = int(_raw_stats().last_failed_request)
-    previous = lib.clamor_numpy_handler_push()
+    if min_bytes is None:
+        previous = lib.clamor_numpy_handler_push()
+    else:
+        previous = lib.clamor_numpy_handler_push_large(max(int(min_bytes), 1))
     if previous == ffi.NULL:
         raise ClamorError("cannot install the arena's numpy memory handler")
     try:

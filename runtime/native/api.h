@@ -37,9 +37,12 @@ uint64_t clamor_arena_block_size(const void *ptr);
 void clamor_arena_get_stats(clamor_arena_stats *out);
 
 /* NEP 49 numpy memory handler routing numpy allocations to the arena.
- * These three take the GIL themselves (cffi releases it around calls). */
+ * These take the GIL themselves (cffi releases it around calls). The
+ * `_large` variant routes only requests of at least `min_bytes` bytes
+ * there (smaller ones go to libc). */
 int clamor_numpy_handler_init(void);
 void *clamor_numpy_handler_push(void);
+void *clamor_numpy_handler_push_large(uint64_t min_bytes);
 int clamor_numpy_handler_pop(void *previous);
 
 /* ----------------------------------------------------------- driver pager --
