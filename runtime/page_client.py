@@ -14,6 +14,7 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
+from typing import Self
 
 MAGIC = 0x504D4C43
 VERSION = 1
@@ -112,7 +113,7 @@ class PageClient:
     def close(self) -> None:
         self.sock.close()
 
-    def __enter__(self) -> PageClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

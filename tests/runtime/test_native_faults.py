@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONFAULTHANDLER="1")  # inherited by the workers too
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=timeout, env=env, check=False,
     )
 
 

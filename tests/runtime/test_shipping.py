@@ -62,7 +62,7 @@ def tree_pages(tree: KDTree, page_size: int) -> set[int]:
 
 def test_a_kdtree_built_in_shared_lives_in_the_arena_and_ships_by_reference(tree_and_points):
     tree, _ = tree_and_points
-    data, idx_array, node_data, node_bounds = tree.get_arrays()
+    data, idx_array, _node_data, node_bounds = tree.get_arrays()
     assert arena.in_arena(data) and arena.in_arena(idx_array) and arena.in_arena(node_bounds)
     payload = shipping.dumps(tree)
     assert len(payload) < 64 << 10  # the tree is > 24 MiB
