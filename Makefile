@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 STAMP := .make-installed
 
-.PHONY: install demo test test-fast bench-paging proto clean
+.PHONY: install kernelspec demo lab test test-fast bench-paging proto clean
 
 $(STAMP): pyproject.toml setup.py runtime/native/*.c runtime/native/*.h runtime/native/build.py
 	@command -v gcc >/dev/null && [ -f /usr/include/openssl/hmac.h ] || { \
@@ -14,15 +14,31 @@ $(STAMP): pyproject.toml setup.py runtime/native/*.c runtime/native/*.h runtime/
 
 install: $(STAMP)
 
-## Run the main job on the embedded default (local workers): a demand-paged k-d tree demo.
-demo: $(STAMP)
-	$(PYTHON) notebooks/kdtree_demo.py
+## The "Clamor (Python 3)" Jupyter kernelspec, into this environment (or the user's
+## Jupyter directory when the environment is not writable). Cheap: run every time.
+kernelspec: $(STAMP)
+	@$(PYTHON) -m clamor.kernel.cli install-kernel --sys-prefix 2>/dev/null \
+	  || $(PYTHON) -m clamor.kernel.cli install-kernel --user
 
-## Set up and pass the tests.
-test: $(STAMP)
+## Run the main job on the embedded default (local workers): the demand-paged k-d tree
+## notebook, headless on the Clamor kernel, printing what its cells print.
+DEMO_NOTEBOOK ?= notebooks/kdtree.ipynb
+demo: kernelspec
+	$(PYTHON) -m clamor.kernel.run_notebook $(DEMO_NOTEBOOK)
+
+## JupyterLab on notebooks/ with the Clamor kernel as the default (installs jupyterlab).
+LAB_ARGS ?=
+lab: kernelspec
+	@$(PYTHON) -c "import jupyterlab" 2>/dev/null || $(PIP) install -q jupyterlab
+	$(PYTHON) -m jupyterlab --ServerApp.root_dir=notebooks \
+	  --MappingKernelManager.default_kernel_name=clamor \
+	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+## Set up and pass the tests (the kernel and notebook tests need the kernelspec).
+test: kernelspec
 	$(PYTHON) -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: kernelspec
 	$(PYTHON) -m pytest -q -m "not slow"
 
 bench-paging: $(STAMP)
