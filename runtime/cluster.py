@@ -515,6 +515,11 @@ class Cluster(DatasetSources):
         stats["workers"] = workers
         return stats
 
+    def scheduler_snapshot(self) -> dict:
+        """The scheduler's state as plain data (stages' task counts, per-worker running and
+        done, counters), without calling the workers: cheap enough for progress bars."""
+        return self._executor.snapshot()
+
     @property
     def paging(self) -> DriverPaging:
         """The driver side of the pager (a :class:`DriverPager` unless replaced)."""

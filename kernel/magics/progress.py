@@ -50,9 +50,8 @@ def in_notebook() -> bool:
 
 def snapshot(cluster: Any) -> dict:
     """The scheduler's snapshot: without calling the workers when the cluster allows."""
-    executor = getattr(cluster, "_executor", None)
-    if executor is not None and hasattr(executor, "snapshot"):
-        return executor.snapshot()
+    if hasattr(cluster, "scheduler_snapshot"):
+        return cluster.scheduler_snapshot()
     return cluster.stats()["scheduler"]
 
 
