@@ -486,7 +486,7 @@ def test_progress_bar_counts_without_a_cluster_call():
         {"stages": {7: {"total": 4, "done": 1}}, "workers": {0: {"running": 1, "tasks_done": 6}}},
         {"stages": {}, "workers": {0: {"running": 0, "tasks_done": 9}}},
     ])  # fmt: skip
-    fake = SimpleNamespace(_executor=SimpleNamespace(snapshot=lambda: next(snaps)))
+    fake = SimpleNamespace(scheduler_snapshot=lambda: next(snaps))
     bar = ProgressBar(fake, notebook=False)
     bar.poll()
     bar.poll()
