@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import socket
+import subprocess
+from collections.abc import Iterable
 from pathlib import Path
+
+#: The repository's root (benchmarks report its commit).
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def machine(**extra: object) -> dict:
@@ -27,3 +33,29 @@ def machine(**extra: object) -> dict:
         "python": platform.python_version(),
         **extra,
     }
+
+
+def package_versions(names: Iterable[str]) -> dict[str, str | None]:
+    """Installed version of each distribution (``None`` if absent)."""
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git(*args: str) -> str:
+    """``git ARGS`` in the repository, its output stripped ("" when git is unavailable)."""
+    try:
+        return subprocess.run(
+            ["git", *args],
+            check=False,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import importlib.metadata
 import json
 import os
 import signal
@@ -57,7 +56,7 @@ import traceback
 import uuid
 from pathlib import Path
 
-from machine import machine
+from machine import git, machine, package_versions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -645,29 +644,7 @@ def wait_until_idle(limit: float) -> float:
         time.sleep(4.0)
 
 
-def versions() -> dict:
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
 def git_state() -> dict:
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *a],
-                check=False,
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=10,
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
 
     return {
         "commit": git("rev-parse", "--short", "HEAD") or "?",
@@ -894,7 +871,7 @@ def main() -> None:
     started = time.perf_counter()
     result: dict = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine(packages=versions()),
+        "machine": machine(packages=package_versions(PACKAGES)),
         "git": git_state(),
         "loadavg_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "parameters": {

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 from clamor.runtime import arena
-from machine import machine
+from machine import git, machine
 
 import clamor
 
@@ -353,20 +353,7 @@ def measure_fresh_copy(page_size: int, quick: bool, how: str) -> dict:
 
 def git_state() -> dict:
     """The commit measured, and whether runtime/ had uncommitted changes."""
-    root = Path(__file__).resolve().parent.parent
 
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *args],
-                check=False,
-                cwd=root,
-                capture_output=True,
-                text=True,
-                timeout=10,
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
 
     return {
         "commit": git("rev-parse", "--short", "HEAD") or "?",

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
 import inspect
 import json
 import os
@@ -56,7 +55,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-from machine import machine
+from machine import git, machine, package_versions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -742,29 +741,7 @@ def run_stragglers(p: dict, args: argparse.Namespace) -> dict:
 # --- the report ---------------------------------------------------------------------------
 
 
-def versions() -> dict:
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
 def git_state() -> dict:
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *a],
-                check=False,
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=10,
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
 
     changes = [  # "XY path" lines: the paths
         line.split(maxsplit=1)[-1]
@@ -1437,7 +1414,7 @@ def main() -> None:
     started = time.perf_counter()
     result: dict = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine(packages=versions()),
+        "machine": machine(packages=package_versions(PACKAGES)),
         "git": git_state(),
         "loadavg_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "parameters": dict(
