@@ -56,6 +56,16 @@ import traceback
 import uuid
 from pathlib import Path
 
+import psutil
+from harness import (
+    BUSY_CORES,
+    busy_seconds,
+    marked_processes,
+    progress,
+    sweep,
+    wait_child,
+    wait_until_idle,
+)
 from machine import git, machine, package_versions
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -66,7 +76,6 @@ MARKER = (
     "CLAMOR_OVERHEAD_BENCH"  # in every child's environment, inherited by its daemons
 )
 CHILD_TIMEOUT = 900.0  # default seconds for one system, start-up to shut-down
-BUSY_CORES = 0.1  # other processes using more than this perturb the numbers
 STOP_GRACE = 30.0  # seconds a child gets to shut its system down when stopped
 SWEEP_GRACE = 20.0  # seconds the child's processes get to exit after it did
 PACKAGES = (
@@ -81,10 +90,6 @@ PACKAGES = (
     "pyzmq",
     "msgpack",
 )
-
-
-def progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # --- the empty tasks (module level: shipped by value, this module is __main__) --------
@@ -117,18 +122,11 @@ class LoadMeter:
     """
 
     def __init__(self) -> None:
-        self.tick = os.sysconf("SC_CLK_TCK")
         self.marker = os.environ.get(MARKER)
 
     def snapshot(self) -> tuple[float, float, dict[int, float]]:
-        vals = [
-            int(v)
-            for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-        ]
-        busy = (sum(vals) - vals[3] - vals[4]) / self.tick  # all but idle and iowait
-        import psutil
-
-        procs = marked_processes(self.marker, include_self=True) if self.marker else []
+        busy = busy_seconds()
+        procs = marked_processes(MARKER, self.marker, include_self=True) if self.marker else []
         own = {}
         for p in procs:
             with contextlib.suppress(psutil.Error):  # gone meanwhile
@@ -489,68 +487,6 @@ def child_main(system: str, n: int, reps: int, stages: int, out: Path) -> None:
 # --- the parent: one child per system, then the report -----------------------------------
 
 
-def marked_processes(marker: str, include_self: bool = False) -> list:
-    """Processes whose environment carries ``MARKER=marker`` (this one only if asked)."""
-    import psutil
-
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        if p.pid == os.getpid():
-            if include_self:
-                found.append(p)
-            continue
-        try:
-            if p.environ().get(MARKER) == marker:
-                found.append(p)
-        except (psutil.Error, OSError):
-            pass
-    return found
-
-
-def alive(p) -> bool:
-    import psutil
-
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def sweep(marker: str, grace: float = SWEEP_GRACE) -> tuple[list[str], float]:
-    """Wait up to ``grace`` s for the child's processes to exit, then kill the rest.
-
-    Some peers' helpers exit a little after their shutdown call has returned (the
-    ipyparallel engine nannies take about 3 s); only those still there after the grace
-    period count as left behind. Returns their descriptions and the seconds waited.
-    """
-    import psutil
-
-    t0 = time.monotonic()
-    left = marked_processes(marker)
-    while left and time.monotonic() - t0 < grace:
-        time.sleep(0.25)
-        left = [p for p in left if alive(p)]
-    waited = time.monotonic() - t0
-    described = []
-    for p in left:
-        try:
-            described.append(f"pid {p.pid} {' '.join(p.cmdline())[:120]}")
-        except psutil.Error:
-            described.append(f"pid {p.pid}")
-    for p in left:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, stuck = psutil.wait_procs(left, timeout=5)
-    for p in stuck:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    return described, waited
-
-
 def run_child(system: str, args: argparse.Namespace) -> dict:
     marker = uuid.uuid4().hex
     env = dict(os.environ, **{MARKER: marker}, RAY_USAGE_STATS_ENABLED="0")
@@ -574,27 +510,8 @@ def run_child(system: str, args: argparse.Namespace) -> dict:
         proc = subprocess.Popen(
             cmd, env=env, stdout=sys.stderr, cwd=ROOT, start_new_session=True
         )
-        failure = None
-        try:
-            proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            failure = f"timed out after {args.timeout:.0f} s (killed)"
-        except KeyboardInterrupt:
-            failure = "interrupted"
-        finally:
-            if proc.poll() is None:
-                # SIGTERM to the child alone: it shuts its system down in its finally
-                # blocks; whatever is still there after that is killed.
-                try:
-                    proc.send_signal(signal.SIGTERM)
-                    proc.wait(timeout=STOP_GRACE)
-                except subprocess.TimeoutExpired:
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    proc.wait()
-            leftovers, waited = sweep(marker)
+        failure = wait_child(proc, args.timeout, STOP_GRACE)
+        leftovers, waited = sweep(MARKER, marker, SWEEP_GRACE)
         if failure == "interrupted":
             raise KeyboardInterrupt
         elapsed = time.perf_counter() - t0
@@ -615,33 +532,6 @@ def run_child(system: str, args: argparse.Namespace) -> dict:
         for x in leftovers:
             progress(f"    {x}")
     return rows
-
-
-def machine_busy() -> float:
-    """Cores busy on the whole machine over the next second (nothing of ours runs now)."""
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def busy() -> float:
-        v = [
-            int(x)
-            for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-        ]
-        return (sum(v) - v[3] - v[4]) / tick
-
-    a, t0 = busy(), time.monotonic()
-    time.sleep(1.0)
-    return (busy() - a) / (time.monotonic() - t0)
-
-
-def wait_until_idle(limit: float) -> float:
-    deadline = time.monotonic() + limit
-    while True:
-        load = machine_busy()
-        if load < BUSY_CORES or time.monotonic() >= deadline:
-            progress(f"other load: {load:.2f} cores")
-            return load
-        progress(f"waiting for the machine to go idle (other load {load:.2f} cores)")
-        time.sleep(4.0)
 
 
 def git_state() -> dict:

@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 from clamor.runtime import arena
+from harness import BUSY_CORES, busy_seconds, wait_until_idle
 from machine import git, machine
 
 import clamor
@@ -63,7 +64,6 @@ MAX_PAGES = 2000  # pages per fault measurement ...
 MAX_BYTES = 256 * MiB  # ... and at most this many bytes of them ...
 MIN_PAGES = 50  # ... but never fewer pages than this
 SHM_GOAL, SHM_SLACK_US, TCP_GOAL = 3.0, 10.0, 2.0
-BUSY_CORES = 0.1  # other processes using more than this perturb the numbers
 REQUEST_BYTES = 40  # the page protocol's fixed header: what a GET costs on the wire
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -387,11 +387,7 @@ class LoadMeter:
             return 0.0
 
     def snapshot(self) -> tuple[float, float, float]:
-        vals = [
-            int(v)
-            for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-        ]
-        busy = (sum(vals) - vals[3] - vals[4]) / self.tick  # all but idle and iowait
+        busy = busy_seconds()
         own = 0.0
         for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
             ru = resource.getrusage(who)
@@ -720,21 +716,11 @@ def summary(entry: dict, ps: int, bulk_gb_per_s: float) -> dict:
     return s
 
 
-def wait_until_idle(meter: LoadMeter, limit: float) -> None:
-    deadline = time.monotonic() + limit
-    while True:
-        a = meter.snapshot()
-        time.sleep(1.0)
-        load = LoadMeter.others(a, meter.snapshot())["other_cores"]
-        if load < BUSY_CORES or time.monotonic() >= deadline:
-            print(f"other load: {load:.2f} cores", file=sys.stderr, flush=True)
-            return
-        print(
-            f"waiting for the machine to go idle (other load {load:.2f} cores)",
-            file=sys.stderr,
-            flush=True,
-        )
-        time.sleep(4.0)
+def other_load(meter: LoadMeter) -> float:
+    """Cores used by other processes over the next second."""
+    a = meter.snapshot()
+    time.sleep(1.0)
+    return LoadMeter.others(a, meter.snapshot())["other_cores"]
 
 
 def main() -> None:
@@ -784,7 +770,7 @@ def main() -> None:
     }
     meter = LoadMeter()
     if args.wait_idle:
-        wait_until_idle(meter, args.wait_idle)
+        wait_until_idle(args.wait_idle, lambda: other_load(meter))
     run_start = meter.snapshot()
     server = RawServer(max(page_sizes))
     meter.server_pid = server.proc.pid
@@ -807,7 +793,7 @@ def main() -> None:
                         file=sys.stderr,
                         flush=True,
                     )
-                    wait_until_idle(meter, args.wait_idle)
+                    wait_until_idle(args.wait_idle, lambda: other_load(meter))
                 attempts.append(
                     measure_page_size(ps, server, meter, rng, reps, args.quick)
                 )

@@ -55,6 +55,14 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from harness import (
+    BUSY_CORES,
+    busy_seconds,
+    progress,
+    sweep,
+    wait_child,
+    wait_until_idle,
+)
 from machine import git, machine, package_versions
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -62,7 +70,6 @@ ROOT = Path(__file__).resolve().parent.parent
 MARKER = (
     "CLAMOR_RECOVERY_BENCH"  # in every child's environment, inherited by its workers
 )
-BUSY_CORES = 0.1  # other processes using more than this perturb the numbers
 STOP_GRACE = 30.0  # seconds a child gets to close its cluster when stopped
 SWEEP_GRACE = 10.0  # seconds the child's processes get to exit after it did
 EXPERIMENTS = ("recovery", "stragglers")
@@ -102,10 +109,6 @@ FULL = {
 QUICK = dict(
     FULL, points=400_000, repeat=1, tasks=24, task_ms=30.0, stages=3, straggler_repeat=1
 )
-
-
-def progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # --- the workloads (module level: shipped by value, this module is __main__) ----------
@@ -418,64 +421,9 @@ def child_main(kind: str, params_path: Path) -> None:
 # --- the parent: children, the reference, the report ---------------------------------------
 
 
-def marked_processes(marker: str) -> list:
-    import psutil
-
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.environ().get(MARKER) == marker:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            pass
-    return found
-
-
-def sweep(marker: str) -> list[str]:
-    """Wait up to :data:`SWEEP_GRACE` s for the child's processes to exit, kill the rest."""
-    import psutil
-
-    t0 = time.monotonic()
-    left = marked_processes(marker)
-    while left and time.monotonic() - t0 < SWEEP_GRACE:
-        time.sleep(0.25)
-        left = [
-            q for q in left if q.is_running() and q.status() != psutil.STATUS_ZOMBIE
-        ]
-    described = []
-    for q in left:
-        try:
-            described.append(f"pid {q.pid} {' '.join(q.cmdline())[:120]}")
-            q.kill()
-        except psutil.Error:
-            pass
-    return described
-
-
-def busy_seconds() -> float:
-    """CPU seconds the whole machine has been busy (all but idle and iowait)."""
-    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def children_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
-
-
-def wait_until_idle(limit: float) -> float:
-    deadline = time.monotonic() + limit
-    while True:
-        a, t0 = busy_seconds(), time.monotonic()
-        time.sleep(1.0)
-        load = (busy_seconds() - a) / (time.monotonic() - t0)
-        if load < BUSY_CORES or time.monotonic() >= deadline:
-            progress(f"other load: {load:.2f} cores")
-            return load
-        progress(f"waiting for the machine to go idle (other load {load:.2f} cores)")
-        time.sleep(4.0)
 
 
 def run_child(kind: str, params: dict, args: argparse.Namespace) -> dict:
@@ -505,28 +453,11 @@ def run_child(kind: str, params: dict, args: argparse.Namespace) -> dict:
         proc = subprocess.Popen(
             cmd, env=env, stdout=sys.stderr, cwd=ROOT, start_new_session=True
         )
-        failure = None
-        try:
-            proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            failure = f"timed out after {args.timeout:.0f} s (killed)"
-        except KeyboardInterrupt:
-            failure = "interrupted"
-        finally:
-            if proc.poll() is None:
-                try:
-                    proc.send_signal(signal.SIGTERM)
-                    proc.wait(timeout=STOP_GRACE)
-                except subprocess.TimeoutExpired:
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    proc.wait()
-            wall = time.perf_counter() - t0
-            own = children_cpu() - cpu0
-            other = max(0.0, busy_seconds() - busy0 - own)
-            leftovers = sweep(marker)
+        failure = wait_child(proc, args.timeout, STOP_GRACE)
+        wall = time.perf_counter() - t0
+        own = children_cpu() - cpu0
+        other = max(0.0, busy_seconds() - busy0 - own)
+        leftovers, _ = sweep(MARKER, marker, SWEEP_GRACE)
         if failure == "interrupted":
             raise KeyboardInterrupt
         rec = json.loads(out.read_text()) if out.exists() else {}
