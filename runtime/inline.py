@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from clamor.runtime import accumulators, shipping
+from clamor.runtime import accumulators, lineage, shipping
 from clamor.runtime.dataset import DatasetSources
 from clamor.runtime.errors import MissingPartitionError
 from clamor.runtime.stage import (
@@ -46,8 +46,11 @@ class InlineRunner(DatasetSources):
         self.last_epoch = 0
         #: Per task of the last successful stage: its ``(page, version)`` read set (empty here).
         self.last_read_sets: list[list[tuple[int, int]]] = []
-        #: Tasks run again by lineage recovery (what ``Cluster.stats()`` calls ``tasks_recomputed``).
-        self.tasks_recomputed = 0
+
+    @property
+    def tasks_recomputed(self) -> int:
+        """Tasks run again by lineage recovery (as ``Cluster.stats()["tasks_recomputed"]``)."""
+        return lineage.recovery_counters(self)["tasks_recomputed"]
 
     @property
     def workers(self) -> list[int]:
@@ -58,7 +61,7 @@ class InlineRunner(DatasetSources):
         index order, or merge the accumulator updates and return the replies."""
         self.stages.append(stage)
         self._epoch += 1
-        payload = shipping.pack_task(stage.program)
+        payload = shipping.pack_program(stage.program)
         missing = [k for t in stage.tasks for k in t.inputs if k not in self._store]
         if missing:
             raise MissingPartitionError(list(dict.fromkeys(missing)))
@@ -69,7 +72,7 @@ class InlineRunner(DatasetSources):
         for position, task in enumerate(stage.tasks):
             worker = task.worker if task.worker is not None else position % len(self._workers)
             ctx = TaskContext(task.index, task.inputs, self.fetch, self._storer(worker))
-            program, _, _ = shipping.loads(payload)
+            program = shipping.loads(payload)
             try:
                 value = run_program(program, ctx)
                 if task.output is not None:
@@ -86,10 +89,6 @@ class InlineRunner(DatasetSources):
         self.last_epoch = self._epoch if stage.epoch is None else stage.epoch
         self.last_read_sets = [[] for _ in stage.tasks]
         return [r for _, r in sorted(replies, key=lambda p: p[0])]
-
-    def record_recomputed(self, tasks: int) -> None:
-        """Called by lineage recovery with the number of tasks it ran again."""
-        self.tasks_recomputed += tasks
 
     def _storer(self, worker: int):
         def store(key: PartitionKey, value: Any) -> int:

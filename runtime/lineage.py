@@ -322,9 +322,6 @@ def recover(runner: StageRunner, keys: Iterable[PartitionKey]) -> int:
     counters.recoveries += 1
     events.append({"kind": "recompute", "time": start, "seconds": time.time() - start,
                    "tasks": tasks_run, "partitions": len(produced), "keys": keys[:32]})  # fmt: skip
-    record_recomputed = getattr(runner, "record_recomputed", None)
-    if callable(record_recomputed):
-        record_recomputed(tasks_run)
     return tasks_run
 
 
@@ -336,7 +333,7 @@ def _redo(runner: StageRunner, epoch: int, group: list[_Todo], counters: Counter
     logger.warning("recomputing %d lost partition(s) in %d task(s) at epoch %d", n, len(tasks), epoch)
     runner.execute(StageSpec(RecomputeTask(entries), tasks, epoch=epoch,
                              name=f"recompute {n} partition(s) at epoch {epoch}"))  # fmt: skip
-    read_sets = getattr(runner, "last_read_sets", [])
+    read_sets = runner.last_read_sets
     for k, t in enumerate(group):
         t.run.recomputed += 1
         if k < len(read_sets) and _stale(t.run.read_set, read_sets[k]):

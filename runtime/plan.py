@@ -386,8 +386,8 @@ class Job:
             try:
                 self._recover_inputs(tasks, live)
                 results = self.runner.execute(StageSpec(program, tasks, name=label))
-                epoch = int(getattr(self.runner, "last_epoch", 0))
-                read_sets = list(getattr(self.runner, "last_read_sets", []))
+                epoch = self.runner.last_epoch
+                read_sets = list(self.runner.last_read_sets)
                 break
             except Exception as exc:
                 self._drop_unfinished(made)

@@ -156,3 +156,8 @@ class StageRunner(Protocol):
     def workers(self) -> list[int]:
         """Ids of the live workers."""
         ...
+
+    #: The arena epoch the last successful stage read (its own, or the replayed one).
+    last_epoch: int
+    #: Per task of the last successful stage, in index order: its ``(page, version)`` read set.
+    last_read_sets: list[list[tuple[int, int]]]
