@@ -199,7 +199,7 @@ class Cluster(DatasetSources):
             poll=lambda: (c := me()) and c._refresh(),
             unreachable=lambda w, why: (c := me()) and c._on_unreachable(w, why),
             min_ref_bytes=lambda: (c := me()) and (c.page_size or None),
-            version_floor=lambda epoch: (c := me()) and c._version_floor(epoch) or epoch,
+            version_floor=lambda epoch: c._version_floor(epoch) if (c := me()) else epoch,
             speculation=speculation,
             speculation_factor=speculation_factor,
         )

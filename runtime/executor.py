@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
-from clamor.runtime import shipping
+from clamor.runtime import accumulators, shipping
 from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
 from clamor.runtime.paging_api import DriverPaging
 from clamor.runtime.partitions import (
@@ -384,8 +384,10 @@ class Executor:
         ones finish on their own); an ``Invalidate`` runs on each worker's task thread
         between attempts, so once every worker has answered one, none is left.
         """
+        if not self._paging.stats().get("version_log_bytes"):
+            return  # nothing to free: spare the walk over lineage
         floor = min(epoch, self._version_floor(epoch))
-        if floor <= self._trimmed_floor or not self._paging.stats().get("version_log_bytes"):
+        if floor <= self._trimmed_floor:
             return
         if not barrier_sent:
             self._invalidate(epoch, [], live())
@@ -421,8 +423,6 @@ class Executor:
     def _merge_accumulators(results: list[TaskResult]) -> None:
         updates = [r.accumulator_updates for r in results]
         if any(updates):
-            from clamor.runtime import accumulators
-
             accumulators.merge([shipping.loads(u) if u else {} for u in updates])
 
     # --- partitions ---
