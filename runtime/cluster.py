@@ -27,7 +27,7 @@ from typing import Any, Self
 
 import cloudpickle
 import grpc
-from clamor.runtime import arena, checkpoint, lineage, shipping
+from clamor.runtime import arena, checkpoint, lineage, shipping, snapshots
 from clamor.runtime.dataset import DatasetSources
 from clamor.runtime.errors import ClamorError, WorkerLostError
 from clamor.runtime.executor import Executor
@@ -192,6 +192,7 @@ class Cluster(DatasetSources):
         self._channels: list[grpc.Channel] = []
         self._next_id = n
         self._closed = False
+        self._publisher: snapshots.Publisher | None = None
         self._throttle = Throttle()
         me = weakref.ref(self)  # the executor's thread must not keep the cluster alive
         self._executor = Executor(
@@ -507,13 +508,39 @@ class Cluster(DatasetSources):
         stats = dict(self._paging.stats())
         workers = self.worker_stats()
         stats.update(stages_run=self._executor.stages_run, tasks_run=self._executor.tasks_run)
-        stats.update(self._executor.counters())  # tasks_rerun, tasks_speculated, tasks_lost
-        stats["tasks_recomputed"] = lineage.recovery_counters(self)["tasks_recomputed"]
+        stats.update(self.counters())
         stats["scheduler"] = self._executor.snapshot()
         for key in ("pages_fetched", "faults"):
             stats[key] = sum(w.get(key, 0) for w in workers)
         stats["workers"] = workers
         return stats
+
+    def counters(self) -> dict[str, int]:
+        """Fault-tolerance counters, without calling the workers: ``tasks_rerun``,
+        ``tasks_speculated``, ``tasks_replaced``, ``tasks_lost``, ``tasks_recomputed``."""
+        counters = dict(self._executor.counters())
+        counters["tasks_recomputed"] = lineage.recovery_counters(self)["tasks_recomputed"]
+        return counters
+
+    @property
+    def telemetry(self) -> Any:
+        """The attempts, stages and events the driver saw (runtime/telemetry.py)."""
+        return self._executor.telemetry
+
+    @property
+    def publisher(self) -> snapshots.Publisher:
+        """Publishes :class:`~clamor.runtime.snapshots.ClusterSnapshot` s to the views."""
+        if self._publisher is None:
+            self._publisher = snapshots.Publisher(self)
+        return self._publisher
+
+    def snapshot(self) -> snapshots.ClusterSnapshot:
+        """A snapshot of pages, tasks, events and lineage now (what the views draw)."""
+        return self.publisher.snapshot()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def scheduler_snapshot(self) -> dict:
         """The scheduler's state as plain data (stages' task counts, per-worker running and
@@ -582,6 +609,8 @@ class Cluster(DatasetSources):
                 return
             self._closed = True
             live = [w for w in self._workers.values() if w.lost is None]
+        if self._publisher is not None:
+            self._publisher.close()
         self._throttle.close()
         futures = [w.stub.Shutdown.future(pb.ShutdownRequest(), timeout=2) for w in live]
         for future in futures:

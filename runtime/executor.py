@@ -48,6 +48,7 @@ from clamor.runtime.scheduler import (
     TaskResult,
 )
 from clamor.runtime.stage import DRIVER, PartitionKey, StageSpec
+from clamor.runtime.telemetry import Telemetry
 from clamor.runtime.transport import decode_exception
 
 logger = logging.getLogger("clamor.executor")
@@ -61,6 +62,8 @@ class _StageRun:
     program: bytes
     epoch: int
     future: concurrent.futures.Future
+    name: str = ""
+    recompute: bool = False
     sent_to: set[int] = dataclasses.field(default_factory=set)
 
 
@@ -144,6 +147,8 @@ class Executor:
         self._stage_ids = itertools.count(1)
         self._stage_lock = threading.Lock()
         self.driver_store = PartitionStore()
+        #: What the views read: attempts, stages and events (runtime/telemetry.py).
+        self.telemetry = Telemetry()
         self._closed = False
         self.stages_run = 0
         self.tasks_run = 0
@@ -203,12 +208,14 @@ class Executor:
 
     def worker_added(self, worker: int, stub: pb_grpc.WorkerStub, address: str) -> None:
         self._endpoints[worker] = _Endpoint(worker, stub, address, self._unreachable)
+        self.telemetry.worker_added(worker)
         self._post(lambda s: s.worker_added(worker, now=time.monotonic()))
 
     def worker_lost(self, worker: int, error: WorkerLostError) -> None:
         endpoint = self._endpoints.get(worker)
         if endpoint is not None:
             endpoint.close()
+        self.telemetry.worker_lost(worker, str(error))
         self._post(lambda s: s.worker_lost(worker, error, now=time.monotonic()))
 
     def task_finished(self, worker: int, reports: Iterable[pb.TaskReport]) -> None:
@@ -216,6 +223,7 @@ class Executor:
         now = time.monotonic()
         for report in reports:
             self.tasks_run += 1
+            self.telemetry.finished(report.attempt_id, report.status == pb.OK, report.duration)
             if report.status == pb.OK:
                 try:
                     result = self._decode_result(worker, report)
@@ -254,10 +262,13 @@ class Executor:
 
     def _carry_out(self, instruction: Any) -> None:
         if isinstance(instruction, Cancel):
+            self.telemetry.cancelled(instruction.attempts)
             request = pb.CancelRequest(attempt_ids=list(instruction.attempts))
             self._call(instruction.worker, "Cancel", request)
         elif isinstance(instruction, StageDone | StageFailed):
             run = self._stages.pop(instruction.stage, None)
+            error = instruction.error if isinstance(instruction, StageFailed) else None
+            self.telemetry.stage_ended(instruction.stage, error)
             if run is not None and not run.future.done():
                 if isinstance(instruction, StageDone):
                     run.future.set_result(list(instruction.results))
@@ -286,6 +297,7 @@ class Executor:
                 run.sent_to.add(launch.worker)
             for attempt in attempts:
                 request.attempts.append(self._assignment(attempt))
+            self.telemetry.launched(launch.worker, attempts, run.name, run.recompute)
             self._call(launch.worker, "Launch", request)
 
     def _assignment(self, attempt: Any) -> pb.Assignment:
@@ -338,9 +350,11 @@ class Executor:
                 self._trim_versions(epoch, barrier_sent=bool(pages), live=live)
                 stage_id = next(self._stage_ids)
                 run = _StageRun(program, epoch if stage.epoch is None else stage.epoch,
-                                concurrent.futures.Future())  # fmt: skip
+                                concurrent.futures.Future(), stage.name, stage.recompute)  # fmt: skip
                 self._stages[stage_id] = run
                 tasks = list(stage.tasks)
+                self.telemetry.stage_started(stage_id, stage.name, len(tasks), run.epoch,
+                                             stage.recompute)  # fmt: skip
                 self._post(lambda s: self._submit(s, stage_id, tasks, run.future))
                 try:
                     results = self._wait(stage_id, run.future)
@@ -354,11 +368,11 @@ class Executor:
         self._merge_accumulators(results)
         return values
 
-    @staticmethod
-    def _submit(state: SchedulerState, stage_id: int, tasks: list, future) -> list:
+    def _submit(self, state: SchedulerState, stage_id: int, tasks: list, future) -> list:
         try:
             return state.stage_submitted(stage_id, tasks, now=time.monotonic())
         except Exception as exc:  # noqa: BLE001 - e.g. bad task indices: the caller gets it
+            self.telemetry.stage_ended(stage_id, exc)
             future.set_exception(exc)
             return []
 

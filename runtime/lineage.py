@@ -117,6 +117,11 @@ def record(key: PartitionKey, run: TaskRun, ops: Sequence[str], dataset: int | N
     return rec
 
 
+def generation() -> int:
+    """Bumped whenever a record is added or forgotten (views redraw the graph then)."""
+    return _generation
+
+
 def get(key: PartitionKey) -> Record | None:
     """The record of a live partition, or ``None``."""
     return _records.get(key)
@@ -331,7 +336,7 @@ def _redo(runner: StageRunner, epoch: int, group: list[_Todo], counters: Counter
     tasks = [TaskSpec(k, t.run.inputs, reply=False) for k, t in enumerate(group)]
     n = sum(len(t.keys) for t in group)
     logger.warning("recomputing %d lost partition(s) in %d task(s) at epoch %d", n, len(tasks), epoch)
-    runner.execute(StageSpec(RecomputeTask(entries), tasks, epoch=epoch,
+    runner.execute(StageSpec(RecomputeTask(entries), tasks, epoch=epoch, recompute=True,
                              name=f"recompute {n} partition(s) at epoch {epoch}"))  # fmt: skip
     read_sets = runner.last_read_sets
     for k, t in enumerate(group):
@@ -506,6 +511,30 @@ def build_graph(root: Any, runner: StageRunner, persisted: Mapping[int, Any]) ->
             nodes.append(LineageNode(key, node.id, node.name, i, rec.ops, True, state, holder,
                                      rec.run.epoch, rec.run.read_set))  # fmt: skip
         edges += _edges(node)
+    return LineageGraph(nodes, edges)
+
+
+def live_graph(runner: StageRunner) -> LineageGraph:
+    """The graph of every live dataset partition ``runner`` made (all persisted datasets:
+    what the dashboard draws). Edges link a partition to the dataset partitions its task
+    read, through at most one shuffle (its buckets' producers)."""
+    live = set(runner.workers)
+    recs = [r for r in _records.values() if r.dataset is not None and r.run.ran_on(runner)]
+    keys = {r.key for r in recs}
+    nodes, edges = [], []
+    for rec in sorted(recs, key=lambda r: (r.dataset, r.index)):
+        holder = holder_alive(runner, rec.key, live)
+        state = LOST if holder is None else RECOMPUTED if rec.recomputed else HELD
+        name = rec.ops[-1] if rec.ops else "partition"
+        nodes.append(LineageNode(rec.key, rec.dataset, name, rec.index, rec.ops, True, state,
+                                 holder, rec.run.epoch, rec.run.read_set))  # fmt: skip
+        parents: list[PartitionKey] = []
+        for key in rec.run.inputs:
+            if key in keys:
+                parents.append(key)
+            elif (run := rec.run.parents.get(key)) is not None:
+                parents += [k for k in run.inputs if k in keys]
+        edges += [(p, rec.key) for p in dict.fromkeys(parents)]
     return LineageGraph(nodes, edges)
 
 

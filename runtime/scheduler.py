@@ -467,12 +467,13 @@ class SchedulerState:
         self._replaced = {a: e for a, e in self._replaced.items() if e[1].stage != stage.id}
 
     def _start(
-        self, stage: StageState, index: int, worker: int, speculative: bool = False
-    ) -> Attempt:
+        self, stage: StageState, index: int, worker: int, speculative: bool = False,
+        rerun: bool = False,
+    ) -> Attempt:  # fmt: skip
         """Batch a new attempt of ``index`` for ``worker`` (its inputs are all held)."""
         locations = {k: self._partitions.entries[k][0] for k in stage.specs[index].inputs}
         attempt = Attempt(
-            self._next_attempt, stage.id, index, stage.specs[index], locations, speculative
+            self._next_attempt, stage.id, index, stage.specs[index], locations, speculative, rerun
         )
         self._next_attempt += 1
         self._attempts[attempt.id] = (worker, attempt)
@@ -491,10 +492,11 @@ class SchedulerState:
             out += self._fail(stage, MissingPartitionError(missing))
             return False
         stage.pending.discard(index)
-        if index in stage.rerun:
+        rerun = index in stage.rerun
+        if rerun:
             stage.rerun.discard(index)
             self.tasks_rerun += 1
-        self._start(stage, index, worker)
+        self._start(stage, index, worker, rerun=rerun)
         return True
 
     def _stragglers(self, now: float, pending: bool) -> list[tuple[int, Attempt]]:

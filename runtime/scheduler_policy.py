@@ -25,7 +25,8 @@ class Attempt:
     """One try at task ``index`` of ``stage`` (``id``: unique for the state's life).
 
     ``locations``: the holder (worker id or :data:`DRIVER`) of each of ``spec.inputs``.
-    ``speculative``: a copy of a straggling attempt still running elsewhere.
+    ``speculative``: a copy of a straggling attempt still running elsewhere;
+    ``rerun``: queued again because an earlier attempt was lost with its worker.
     """
 
     id: int
@@ -34,6 +35,7 @@ class Attempt:
     spec: TaskSpec
     locations: dict[PartitionKey, int]
     speculative: bool = False
+    rerun: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

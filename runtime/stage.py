@@ -54,12 +54,14 @@ class TaskSpec:
 
 @dataclasses.dataclass
 class StageSpec:
-    """A stage: ``program(ctx)`` once per task. ``epoch``: replay at an older arena epoch."""
+    """A stage: ``program(ctx)`` once per task. ``epoch``: replay at an older arena epoch;
+    ``recompute``: it rebuilds lost partitions from lineage (the timeline marks it)."""
 
     program: Callable[[TaskContext], Any]
     tasks: list[TaskSpec]
     epoch: int | None = None
     name: str = ""
+    recompute: bool = False
 
 
 class TaskContext:
