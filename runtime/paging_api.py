@@ -83,6 +83,10 @@ class DriverPaging(Protocol):
         """Counters merged into ``Cluster.stats()``."""
         ...
 
+    def page_stats(self, first: int = 0, count: int | None = None) -> dict:
+        """Per-page counter arrays for pages ``[first, first + count)`` (the views' heatmap)."""
+        ...
+
     def close(self) -> None:
         """The cluster is closing."""
         ...
@@ -134,6 +138,14 @@ class NullDriverPaging:
 
     def stats(self) -> dict:
         return {}
+
+    def page_stats(self, first: int = 0, count: int | None = None) -> dict:
+        """No arena: no pages (empty arrays of the pager's dtypes)."""
+        import numpy as np
+
+        wide = ("requests", "driver_bytes", "peer_bytes")
+        return {k: np.zeros(0, np.uint64 if k in wide else np.uint32)
+                for k in (*wide, "holders", "version")}  # fmt: skip
 
     def close(self) -> None:
         pass

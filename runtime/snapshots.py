@@ -152,13 +152,13 @@ def take(cluster: Any, variables: VariableSpans | None = None, seq: int = 0,
 
 def _recoveries() -> list[Event]:
     """Lineage recoveries (runtime/lineage.py) as events."""
-    return [
-        Event(e["time"], "recompute",
-              f"{e['partitions']} partition(s) recomputed in {e['tasks']} task(s), "
-              f"{e['seconds']:.2f} s")  # fmt: skip
-        for e in list(lineage.events)
-        if e.get("kind") == "recompute"
-    ]
+    out = []
+    for e in list(lineage.events):
+        if e.get("kind") == "recompute":
+            detail = (f"{e['partitions']} partition(s) recomputed in {e['tasks']} task(s), "
+                      f"{e['seconds']:.2f} s")  # fmt: skip
+            out.append(Event(e["time"], "recompute", detail))
+    return out
 
 
 class Publisher:
@@ -229,7 +229,7 @@ class Publisher:
             return {}
         try:
             return self.variables()
-        except Exception:  # noqa: BLE001 - a namer must never stop the views
+        except Exception:
             logger.exception("naming arena variables failed")
             return {}
 
@@ -260,14 +260,14 @@ class Publisher:
                     continue
                 self._last_key = key
                 snap = self.snapshot()
-            except Exception:  # noqa: BLE001 - e.g. the cluster closed under us
+            except Exception:
                 logger.debug("snapshot failed", exc_info=True)
                 continue
             self.published += 1
             for callback in list(self._subscribers.values()):
                 try:
                     callback(snap)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     logger.exception("a snapshot subscriber failed")
 
     def close(self) -> None:

@@ -135,7 +135,7 @@ class Telemetry:
             if error is not None:
                 self._events.append(Event(now, "stage_failed", f"{type(error).__name__}: {error}",
                                           stage=stage))  # fmt: skip
-            for worker, queue in self._queues.items():
+            for queue in self._queues.values():
                 head = next(iter(queue), None)
                 for attempt in [a for a in queue if a != head and self._open[a].stage == stage]:
                     self._close(attempt, None)
