@@ -32,10 +32,12 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython: object) -> None:
-    """``%load_ext clamor``: the %clamor / %%clamor magics in any IPython kernel."""
+    """``%load_ext clamor``: the %clamor / %%clamor magics and the live views in any
+    IPython kernel."""
     from clamor.kernel.magics import load_ipython_extension as load
 
     load(ipython)
+    ipython.extension_manager.load_extension("clamor.widgets")  # type: ignore[attr-defined]
 
 __all__ = [
     "Accumulator",

@@ -3,7 +3,8 @@
 Lifecycle only, like ipyparallel's engine kernel; everything else is IPython's:
 
 - start: create the arena (``--ClamorKernel.arena_size`` / ``page_size``, or
-  ``CLAMOR_ARENA_SIZE`` / ``CLAMOR_PAGE_SIZE``), load the ``%clamor`` magics, put
+  ``CLAMOR_ARENA_SIZE`` / ``CLAMOR_PAGE_SIZE``), load the ``%clamor`` magics and the
+  views (``clamor.widgets``, an IPython extension), put
   ``clamor`` and ``cluster`` in the user namespace. ``cluster`` is a lazy proxy:
   the local workers start on its first use, so an idle kernel has none.
 - each cell: numpy arrays of at least a page that the cell allocates go to the
@@ -62,6 +63,10 @@ class ClamorKernel(IPythonKernel):
             load_ipython_extension(self.shell)
         except Exception:  # the kernel stays usable without its magics
             self.log.exception("cannot load the %clamor magics")
+        try:  # the views register with the magics (a plugin: loaded by name, not imported)
+            self.shell.extension_manager.load_extension("clamor.widgets")
+        except Exception:
+            self.log.exception("cannot load the Clamor views (clamor.widgets)")
 
     async def do_execute(
         self,

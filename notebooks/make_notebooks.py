@@ -56,12 +56,21 @@ queries = bay[rng.integers(0, len(bay), 2000)] + rng.normal(scale=0.01, size=(20
 print(f"{len(queries):,} queries around San Francisco")
 cluster"""),
     ("md", """\
+**The dashboard** shows the cluster live while the next cells run: the arena's pages
+(colour = how often workers fetched them; hover for the variable, its version and
+holders; the buttons switch to driver-served bytes, peer-served bytes or holders),
+bytes served by the driver vs by peer workers, per-worker task bars, and the lineage
+of persisted partitions. `%clamor heatmap tree`, `%clamor timeline` and
+`%clamor lineage DS` show one view each."""),
+    ("code", """\
+%clamor dashboard"""),
+    ("md", """\
 `%%clamor map_partitions SRC --as q` runs the cell body once per partition of `SRC`
-(here the query array, cut in 4), with the partition bound to `q`; the value of the
+(here the query array, cut in 8), with the partition bound to `q`; the value of the
 last expression is the partition's result. `--into nearest` names the new (lazy)
 dataset. The body reads `tree`: it travels as a few bytes of arena references."""),
     ("code", """\
-%%clamor map_partitions queries --as q --partitions 4 --into nearest
+%%clamor map_partitions queries --as q --partitions 8 --into nearest
 tree.query(q, k=10)[1]"""),
     ("code", """\
 t0 = time.perf_counter()

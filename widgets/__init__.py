@@ -1,1 +1,110 @@
-"""Live views of a Clamor cluster: Bokeh figures shown as ipywidgets (DESIGN 8)."""
+"""Live views of a Clamor cluster: Bokeh figures shown as ipywidgets (DESIGN 8).
+
+Each function returns a :class:`LiveView`; displaying it (the last expression of
+a cell, or ``display(...)``) shows a widget that updates a few times a second
+while stages run::
+
+    import clamor.widgets as views
+    views.dashboard(cluster)          # heatmap, replication, timeline, lineage
+    views.heatmap(cluster, table)     # the pages of one arena array
+    views.lineage(ds)                 # one dataset's partitions
+
+The ``%clamor heatmap|timeline|lineage|dashboard`` magics call these (this
+package registers them when loaded as an IPython extension, which the Clamor
+kernel does). Without a widget front end the display is a text summary and a
+static PNG.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clamor.runtime import arena
+from clamor.widgets.live import LiveView, close_all
+
+__all__ = ["LiveView", "close_all", "dashboard", "heatmap", "lineage", "replication", "timeline"]
+
+
+def _cluster(cluster: Any) -> Any:
+    """``cluster``, the real one behind the kernel's lazy ``cluster``, or the session's."""
+    from clamor.kernel import session
+    from clamor.kernel.lazy import LazyCluster
+
+    if isinstance(cluster, LazyCluster):
+        return cluster.get()
+    return session.get() if cluster is None else cluster
+
+
+def _name_variables(cluster: Any) -> None:
+    """In IPython, name arena pages after the user's variables (the heatmap's hover)."""
+    if cluster.publisher.variables is not None:
+        return
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        from clamor.kernel.arena_names import namer
+
+        cluster.publisher.variables = namer(shell.user_ns, cluster.page_size)
+
+
+def _show(view: Any, cluster: Any, live: bool) -> LiveView:
+    _name_variables(cluster)
+    return LiveView(view, cluster, live=live)
+
+
+def heatmap(cluster: Any = None, var: Any = None, *, name: str | None = None,
+            span: tuple[int, int] | None = None, live: bool = True) -> LiveView:  # fmt: skip
+    """The page heatmap of the arena array ``var`` (``name``: its label; or the pages
+    ``span``), or of the whole arena."""
+    from clamor.widgets.heatmap_view import PageHeatmap
+
+    cluster = _cluster(cluster)
+    if var is not None:
+        span = arena.page_span(var, cluster.page_size)
+    return _show(PageHeatmap(variable=name, span=span), cluster, live)
+
+
+def replication(cluster: Any = None, *, live: bool = True) -> LiveView:
+    """Bytes served by the driver vs by peers over time, and holders per page."""
+    from clamor.widgets.replication_view import ReplicationView
+
+    return _show(ReplicationView(), _cluster(cluster), live)
+
+
+def timeline(cluster: Any = None, *, live: bool = True) -> LiveView:
+    """Per-worker task bars with failures, recomputation and speculative copies marked."""
+    from clamor.widgets.timeline_view import TimelineView
+
+    return _show(TimelineView(), _cluster(cluster), live)
+
+
+def lineage(ds: Any = None, cluster: Any = None, *, live: bool = True) -> LiveView:
+    """The lineage graph of dataset ``ds`` (or of every persisted dataset)."""
+    from clamor.widgets.lineage_view import LineageView
+
+    if ds is not None:
+        cluster = ds._runner if cluster is None else cluster
+        return _show(LineageView(ds.lineage), cluster, live)
+    return _show(LineageView(), _cluster(cluster), live)
+
+
+def dashboard(cluster: Any = None, ds: Any = None, *, var: Any = None, name: str | None = None,
+              live: bool = True) -> LiveView:  # fmt: skip
+    """Status, heatmap, replication, timeline and lineage together."""
+    from clamor.widgets.dashboard_view import Dashboard
+
+    cluster = _cluster(ds._runner if ds is not None and cluster is None else cluster)
+    span = None if var is None else arena.page_span(var, cluster.page_size)
+    graph = None if ds is None else ds.lineage
+    return _show(Dashboard(variable=name, span=span, graph_source=graph), cluster, live)
+
+
+def load_ipython_extension(ip: Any) -> None:
+    """Register the views with the ``%clamor`` magics (``%load_ext clamor.widgets``)."""
+    from clamor.kernel.magics import views
+
+    views.register(heatmap=heatmap, replication=replication, timeline=timeline,
+                   lineage=lineage, dashboard=dashboard)  # fmt: skip

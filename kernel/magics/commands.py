@@ -19,8 +19,6 @@ from clamor.runtime.cluster import Cluster
 from clamor.runtime.dataset import Dataset
 from IPython.core.error import UsageError
 
-NOT_YET = "not available yet: comes with the widgets (issue 6)"
-
 #: Checkpoints started by ``%clamor checkpoint`` (shown by ``%clamor status``).
 checkpoints: list[checkpoint.CheckpointHandle] = []
 
@@ -238,44 +236,8 @@ class LineCommands:
             later = session.current() is not None and (key == "workers" or session.OPTIONS[key].cluster)
             print(f"{key} = {stored!r}" + (" (applies at the next %clamor start or scale)" if later else ""))
 
-    def cmd_lineage(self, args: Any) -> None:
-        ns = self.shell.user_ns
-        ds = ns.get(args.dataset)
-        if not isinstance(ds, Dataset):
-            names = sorted(n for n, v in ns.items() if isinstance(v, Dataset) and not n.startswith("_"))
-            what = "no variable" if args.dataset not in ns else f"{type(ds).__name__}, not a dataset:"
-            listing = ", ".join(names) or "none"
-            raise UsageError(f"{what} {args.dataset!r}; datasets here: {listing}")
-        with errors.short():
-            graph = ds.lineage()
-        print(f"lineage of {args.dataset} = {ds!r}")
-        mine = [n for n in graph.nodes if n.dataset == ds.id]
-        rows = [[n.index, n.state, "-" if n.holder is None else n.holder,
-                 "-" if n.epoch is None else n.epoch, len(n.read_set), " > ".join(n.ops)]
-                for n in mine]  # fmt: skip
-        print(table(["partition", "state", "holder", "epoch", "pages read", "ops"], rows))
-        ancestors: dict[int, list] = {}
-        for n in graph.nodes:
-            if n.dataset != ds.id:
-                ancestors.setdefault(n.dataset, []).append(n)
-        for dataset_id, nodes in ancestors.items():
-            states = {}
-            for n in nodes:
-                states[n.state] = states.get(n.state, 0) + 1
-            counts = ", ".join(f"{v} {k}" for k, v in states.items())
-            print(f"  from dataset {dataset_id} ({nodes[0].name}): {len(nodes)} partitions, {counts}")
-
     def cmd_traceback(self, args: Any) -> None:
         print(errors.last_full_traceback or "no error to show")
 
     def cmd_help(self, args: Any) -> None:
         print(type(self).clamor.__doc__)
-
-    def cmd_heatmap(self, args: Any) -> None:
-        print(f"%clamor heatmap: {NOT_YET}")
-
-    def cmd_timeline(self, args: Any) -> None:
-        print(f"%clamor timeline: {NOT_YET}")
-
-    def cmd_dashboard(self, args: Any) -> None:
-        print(f"%clamor dashboard: {NOT_YET}")

@@ -49,7 +49,7 @@ def complete_line(shell: Any, event: Any) -> list[str]:
     if not before:
         return list(parsing.LINE_COMMANDS) + list(parsing.CELL_COMMANDS if event.line.startswith("%%") else [])
     command = before[0]
-    if command == "lineage" and len(before) == 1:
+    if command in ("lineage", "dashboard") and len(before) == 1:
         return _user_names(shell, lambda v: isinstance(v, Dataset))
     if command in ("kill", "slow") and len(before) == 1:
         return _workers()

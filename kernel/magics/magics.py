@@ -16,6 +16,7 @@ from clamor.kernel.magics import errors, parsing
 from clamor.kernel.magics.cells import EmptyCellError, check_identifiers, compile_cell
 from clamor.kernel.magics.commands import LineCommands
 from clamor.kernel.magics.progress import progress
+from clamor.kernel.magics.views import ViewCommands
 from clamor.runtime import shipping
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.dataset import Dataset
@@ -63,7 +64,7 @@ def _is_source(value: Any) -> bool:
 
 
 @magics_class
-class ClamorMagics(LineCommands, Magics):
+class ClamorMagics(LineCommands, ViewCommands, Magics):
     """The ``%clamor`` line magic and the ``%%clamor`` cell magic."""
 
     @line_cell_magic

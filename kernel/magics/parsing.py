@@ -33,15 +33,16 @@ LINE_COMMANDS: dict[str, str] = {
     "checkpoint": "write the arena and variables to PATH in the background",
     "restore": "bring a checkpoint's variables back into the namespace",
     "config": "show or change settings (key=value ...)",
-    "lineage": "one line per partition of a dataset: state, holder, epoch",
+    "lineage": "the lineage graph of a dataset (--text: one line per partition)",
     "traceback": "the full traceback of the last error a magic shortened",
-    "heatmap": "page heatmap (comes with the widgets)",
-    "timeline": "task timeline (comes with the widgets)",
-    "dashboard": "all the views (comes with the widgets)",
+    "heatmap": "live page heatmap of VAR (or of the whole arena)",
+    "replication": "live bytes served by the driver vs peers, holders per page",
+    "timeline": "live per-worker task bars: failures, recomputation, speculation",
+    "dashboard": "all the live views together (lineage of DS if given)",
     "help": "this list",
 }
 
-WIDGET_COMMANDS = ("heatmap", "timeline", "dashboard")
+WIDGET_COMMANDS = ("heatmap", "replication", "timeline", "dashboard")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -113,6 +114,7 @@ def _build() -> dict[str, _Parser]:
     for name in ("status", "stop", "traceback", "help", *WIDGET_COMMANDS):
         parsers[name] = _parser(name, LINE_COMMANDS[name])
     parsers["heatmap"].add_argument("var", metavar="VAR", nargs="?")
+    parsers["dashboard"].add_argument("dataset", metavar="DS", nargs="?")
     p = _parser("kill", LINE_COMMANDS["kill"])
     p.add_argument("worker", metavar="WORKER", type=_worker_id)
     parsers["kill"] = p
@@ -132,6 +134,7 @@ def _build() -> dict[str, _Parser]:
     parsers["config"] = p
     p = _parser("lineage", LINE_COMMANDS["lineage"])
     p.add_argument("dataset", metavar="DS")
+    p.add_argument("--text", action="store_true", help="a table, not the graph widget")
     parsers["lineage"] = p
     return parsers
 

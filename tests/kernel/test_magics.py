@@ -335,9 +335,23 @@ def test_lineage(run, shell):
     run("kept.unpersist(); del kept")
 
 
-def test_widget_subcommands_are_announced(run):
-    for command in ("heatmap pts", "timeline", "dashboard"):
-        assert "not available yet: comes with the widgets (issue 6)" in run(f"%clamor {command}")[1]
+def test_views_print_their_text_summary_outside_a_notebook(run, shell):
+    """A terminal IPython has no widget front end: the views print what they show."""
+    with clamor.shared():
+        shell.push({"hot": clamor.asarray(np.arange(200_000, dtype=np.float64))})
+    run("%%clamor map_partitions pts --partitions 4 --into sums\n[float(hot[:50_000].sum()) + len(x)]")
+    run("sums.collect()")
+    out = run("%clamor heatmap hot")[1]
+    assert "hot" in out and "pages" in out
+    assert "arena pages" in run("%clamor heatmap")[1] or "pages" in run("%clamor heatmap")[1]
+    assert "worker" in run("%clamor timeline")[1]
+    assert "peers served" in run("%clamor replication")[1]
+    out = run("%clamor dashboard")[1]
+    assert out.startswith("Clamor dashboard:") and "worker" in out
+    assert "holds no arena arrays" in run("%clamor heatmap pts", ok=False)[1]
+    assert "no variable 'nope'" in run("%clamor heatmap nope", ok=False)[1]
+    assert "not a dataset: 'hot'" in run("%clamor dashboard hot", ok=False)[1]
+    run("del hot, sums")
 
 
 def test_help_lists_every_subcommand(run):

@@ -1,0 +1,97 @@
+"""The dashboard: a status line and the four views together (DESIGN 8).
+
+Heatmap and replication side by side on top, the timeline below, the lineage
+graph at the bottom; one snapshot updates them all. The status line says how
+many workers are alive, what runs and how many bytes the driver and the peers
+served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from clamor.runtime.snapshots import ClusterSnapshot
+from clamor.widgets.base import View, render_grid
+from clamor.widgets.heatmap_view import PageHeatmap
+from clamor.widgets.lineage_view import LineageView
+from clamor.widgets.replication_view import ReplicationView
+from clamor.widgets.timeline_view import TimelineView
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def status_line(snapshot: ClusterSnapshot) -> str:
+    """One line: workers, the running stages' progress, bytes served, recovery counters."""
+    alive = sum(w.alive for w in snapshot.workers)
+    lost = len(snapshot.workers) - alive
+    parts = [f"{alive} worker{'s' * (alive != 1)}" + (f" ({lost} lost)" if lost else "")]
+    for stage in snapshot.stages.values():
+        parts.append(f"stage {stage['done']}/{stage['total']} tasks")
+    if not snapshot.stages:
+        parts.append("idle")
+    t = snapshot.totals
+    parts.append(f"driver served {_size(t.get('bytes_served_by_driver', 0))}, "
+                 f"peers {_size(t.get('bytes_served_by_peers', 0))}")  # fmt: skip
+    counters = [f"{t[k]} {k.removeprefix('tasks_')}" for k in
+                ("tasks_rerun", "tasks_speculated", "tasks_recomputed") if t.get(k)]  # fmt: skip
+    if counters:
+        parts.append("tasks " + ", ".join(counters))
+    return " · ".join(parts)
+
+
+class Dashboard(View):
+    """All views of one cluster; ``variable``/``span``: the heatmap's pages, ``graph_source``:
+    the lineage of one dataset (default: every persisted dataset's)."""
+
+    title = "Clamor dashboard"
+    css = "dashboard"
+
+    def __init__(
+        self,
+        variable: str | None = None,
+        span: tuple[int, int] | None = None,
+        graph_source: Callable[[], Any] | None = None,
+    ) -> None:
+        from bokeh.layouts import column, row
+        from bokeh.models import Div
+
+        self.heatmap = PageHeatmap(variable=variable, span=span)
+        self.replication = ReplicationView()
+        self.timeline = TimelineView()
+        self.lineage = LineageView(graph_source)
+        self.views: list[View] = [self.heatmap, self.replication, self.timeline, self.lineage]
+        self.status = Div(text="", css_classes=["clamor-status"], styles={"font-size": "13px"})
+        self.root = column(
+            self.status,
+            row(self.heatmap.root, self.replication.root),
+            self.timeline.root,
+            self.lineage.root,
+            css_classes=["clamor-dashboard-layout"],
+        )
+
+    def update(self, snapshot: ClusterSnapshot) -> None:
+        text = status_line(snapshot)
+        if self.status.text != text:
+            self.status.text = text
+        for view in self.views:
+            view.update(snapshot)
+
+    def summary(self, snapshot: ClusterSnapshot) -> str:
+        parts = [f"{self.title}: {status_line(snapshot)}"]
+        parts += [view.summary(snapshot) for view in self.views]
+        return "\n\n".join(parts)
+
+    def draw(self, snapshot: ClusterSnapshot, ax: Any) -> None:
+        self.heatmap.draw(snapshot, ax)
+
+    def to_png(self, snapshot: ClusterSnapshot, width: float = 11.0, height: float = 8.0) -> bytes:
+        """The four views' static pictures on a 2 x 2 grid."""
+        return render_grid([(v.title, lambda ax, v=v: v.draw(snapshot, ax)) for v in self.views],
+                           width, height, f"{self.title}: {status_line(snapshot)}")  # fmt: skip

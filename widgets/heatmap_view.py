@@ -1,0 +1,278 @@
+"""The page heatmap: a cell per arena page, coloured by accesses (DESIGN 8).
+
+One cell per page of a variable (or of the whole used arena), laid out row-major
+in a grid. When there are more pages than ``max_cells``, each cell stands for a
+contiguous bucket of pages (summed counters, largest holders/version) and its
+hover says which pages. A toggle recolours the cells by driver-served bytes,
+peer-served bytes or replication factor (holders) in the browser alone: every
+metric has its own precomputed ``color_<metric>`` column (0..1, log-scaled for
+counters, -1 for an untouched page) and the toggle only swaps the glyph's field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from bokeh.layouts import column, row
+from bokeh.models import (
+    ColumnDataSource,
+    CustomJS,
+    Div,
+    HoverTool,
+    LinearColorMapper,
+    RadioButtonGroup,
+    Range1d,
+)
+from bokeh.palettes import Blues256, Greens256, Oranges256, Viridis256
+from bokeh.plotting import figure
+from clamor.runtime.snapshots import ClusterSnapshot, PageSnapshot
+from clamor.widgets.base import View, set_data
+
+#: The colourings the toggle offers: ``(metric, label, palette)``; counters are log-scaled.
+METRICS = (
+    ("requests", "accesses", Viridis256),
+    ("driver_bytes", "driver bytes", tuple(reversed(Oranges256))),
+    ("peer_bytes", "peer bytes", tuple(reversed(Greens256))),
+    ("holders", "replication", tuple(reversed(Blues256))),
+)
+_NAMES = tuple(m for m, _, _ in METRICS)
+#: Summed over a bucket of pages; the other fields take the bucket's largest value.
+_SUMMED = ("requests", "driver_bytes", "peer_bytes")
+_UNTOUCHED = "#eeeeee"
+_FLOOR = 0.15  # the smallest non-zero value still gets a visible colour
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def scaled(values: np.ndarray, log: bool = True) -> np.ndarray:
+    """``values`` mapped to ``[_FLOOR, 1]`` (log1p for counters), ``-1`` where zero."""
+    v = values.astype(np.float64)
+    top = float(v.max()) if len(v) else 0.0
+    if top <= 0:
+        return np.full(len(v), -1.0, np.float32)
+    if log:
+        v, top = np.log1p(v), np.log1p(top)
+    out = _FLOOR + (1 - _FLOOR) * v / top
+    return np.where(values > 0, out, -1.0).astype(np.float32)
+
+
+def owners(pages: PageSnapshot, first: np.ndarray, last: np.ndarray) -> list[str]:
+    """The variable owning each cell's pages ``[first, last]`` (``"a…b"`` when a bucket
+    straddles two), vectorized: a sorted search over the variables' spans."""
+    if not pages.variables or not len(first):
+        return [""] * len(first)
+    spans = sorted(pages.variables.items(), key=lambda kv: kv[1][0])
+    names = np.array([n for n, _ in spans] + [""], dtype=object)
+    starts = np.array([s[0] for _, s in spans])
+    ends = np.array([s[1] for _, s in spans])
+
+    def which(p: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(starts, p, side="right") - 1
+        inside = (i >= 0) & (p < ends[i.clip(0)])
+        return np.where(inside, i, len(spans))
+
+    a, b = which(first), which(last)
+    out = names[a]
+    straddle = (a != b) & (b < len(spans))
+    out[straddle & (a == len(spans))] = names[b[straddle & (a == len(spans))]]
+    both = straddle & (a < len(spans))
+    out[both] = names[a[both]] + "…" + names[b[both]]
+    return out.tolist()
+
+
+class Grid:
+    """``pages`` bucketed into at most ``max_cells`` cells laid out in ``columns`` columns."""
+
+    def __init__(self, pages: PageSnapshot, columns: int, max_cells: int) -> None:
+        n = len(pages)
+        self.n = n
+        self.k = k = max(1, -(-n // max(1, max_cells)))
+        self.cells = cells = -(-n // k)
+        self.cols = max(1, min(columns, cells))
+        self.rows = max(1, -(-cells // self.cols))
+        idx = np.arange(cells)
+        self.first = pages.first_page + idx * k
+        self.count = np.minimum(k, n - idx * k)
+        self.x, self.y = idx % self.cols, idx // self.cols
+        self.fields: dict[str, np.ndarray] = {}
+        for name in ("requests", "driver_bytes", "peer_bytes", "holders", "version"):
+            values = getattr(pages, name)
+            if k > 1:
+                padded = np.zeros(cells * k, values.dtype)
+                padded[:n] = values
+                values = padded.reshape(cells, k)
+                values = values.sum(axis=1) if name in _SUMMED else values.max(axis=1)
+            self.fields[name] = values
+
+    def image(self, name: str = "requests") -> np.ndarray:
+        """The field as a ``rows x cols`` float image, NaN past the last cell."""
+        img = np.full(self.rows * self.cols, np.nan)
+        img[: self.cells] = self.fields[name]
+        return img.reshape(self.rows, self.cols)
+
+
+class PageHeatmap(View):
+    """Pages of ``variable`` (or of ``span`` = ``(first, end)`` pages, or of the whole used
+    arena) as a grid of ``columns`` columns of at most ``max_cells`` cells."""
+
+    title = "arena pages"
+
+    def __init__(self, variable: str | None = None, span: tuple[int, int] | None = None,
+                 columns: int = 64, max_cells: int = 4096) -> None:  # fmt: skip
+        self.variable = variable
+        self.span = span
+        self.columns = columns
+        self.max_cells = max_cells
+        if variable is not None:
+            self.title = f"pages of {variable}"
+        elif span is not None:
+            self.title = f"pages {span[0]}–{span[1] - 1}"
+        self._k = 1
+        self.source = ColumnDataSource(data=self._data(Grid(self._empty(), columns, max_cells), self._empty()))
+        self.mappers = {
+            m: LinearColorMapper(palette=p, low=0, high=1, low_color=_UNTOUCHED, nan_color=_UNTOUCHED)
+            for m, _, p in METRICS
+        }  # fmt: skip
+        self.figure = figure(
+            title=self.title, width=600, height=260, tools="", toolbar_location=None,
+            x_range=Range1d(-0.5, 0.5), y_range=Range1d(0.5, -0.5),  # row 0 on top
+            css_classes=["clamor-heatmap"], min_border=4,
+        )  # fmt: skip
+        self.figure.axis.visible = False
+        self.figure.grid.visible = False
+        self.figure.outline_line_color = None
+        self.renderer = self.figure.rect(
+            "x", "y", width=0.92, height=0.92, source=self.source, line_color=None,
+            fill_color={"field": "color_requests", "transform": self.mappers["requests"]},
+        )  # fmt: skip
+        self.glyph = self.renderer.glyph
+        self.hover = HoverTool(renderers=[self.renderer], tooltips=self._tooltips(1))
+        self.figure.add_tools(self.hover)
+        self.toggle = RadioButtonGroup(labels=[label for _, label, _ in METRICS], active=0)
+        self.toggle.js_on_change("active", CustomJS(
+            args={"glyph": self.glyph, "names": list(_NAMES), "mappers": [self.mappers[m] for m in _NAMES]},
+            code="const i = cb_obj.active;"
+                 "glyph.fill_color = {field: 'color_' + names[i], transform: mappers[i]};",
+        ))  # fmt: skip
+        self.totals = Div(text="", styles={"font-size": "11px", "color": "#555"})
+        self.root = column(row(self.toggle, self.totals), self.figure)
+
+    # --- the colouring ---
+
+    @property
+    def metric(self) -> str:
+        """What colours the cells: ``requests``, ``driver_bytes``, ``peer_bytes`` or ``holders``."""
+        return _NAMES[self.toggle.active]
+
+    @metric.setter
+    def metric(self, name: str) -> None:
+        if name not in _NAMES:
+            raise ValueError(f"metric must be one of {_NAMES}, not {name!r}")
+        self.toggle.active = _NAMES.index(name)  # the browser follows through the CustomJS
+        self.glyph.fill_color = {"field": f"color_{name}", "transform": self.mappers[name]}
+
+    # --- snapshots ---
+
+    def pages(self, snapshot: ClusterSnapshot) -> PageSnapshot:
+        """The pages this view shows."""
+        pages = snapshot.pages
+        span = self.span
+        if span is None and self.variable is not None:
+            span = pages.variables.get(self.variable, (0, 0))  # an unknown name shows nothing
+        return pages if span is None else pages.select(*span)
+
+    def update(self, snapshot: ClusterSnapshot) -> None:
+        pages = self.pages(snapshot)
+        grid = Grid(pages, self.columns, self.max_cells)
+        set_data(self.source, self._data(grid, pages))  # only the columns that changed
+        x_end, y_start = grid.cols - 0.5, grid.rows - 0.5
+        if self.figure.x_range.end != x_end or self.figure.y_range.start != y_start:
+            self.figure.x_range.end, self.figure.y_range.start = x_end, y_start
+        if grid.k != self._k:
+            self._k = grid.k
+            self.hover.tooltips = self._tooltips(grid.k)
+        text = self._totals(grid, pages)
+        if self.totals.text != text:
+            self.totals.text = text
+
+    def summary(self, snapshot: ClusterSnapshot) -> str:
+        pages = self.pages(snapshot)
+        req = pages.requests
+        driver, peer = int(pages.driver_bytes.sum()), int(pages.peer_bytes.sum())
+        lines = [
+            (f"{self.title}: {len(pages)} pages of {human_bytes(pages.page_size)}, "
+             f"{int((req > 0).sum())} accessed ({int(req.sum())} requests)"),
+            (f"served: {human_bytes(driver)} by the driver, {human_bytes(peer)} by peers; "
+             f"max holders {int(pages.holders.max()) if len(pages) else 0}"),
+        ]
+        hot = np.argsort(-req.astype(np.int64), kind="stable")[:5]
+        hot = hot[req[hot] > 0]
+        if len(hot):
+            first = pages.first_page + hot
+            names = owners(pages, first, first)
+            lines.append("hottest: " + ", ".join(
+                f"page {p} ({name or '-'}) {int(req[i])}"
+                for p, i, name in zip(first.tolist(), hot.tolist(), names)
+            ))  # fmt: skip
+        return "\n".join(lines)
+
+    def draw(self, snapshot: ClusterSnapshot, ax: Any) -> None:
+        from matplotlib import colormaps
+
+        pages = self.pages(snapshot)
+        grid = Grid(pages, self.columns, self.max_cells)
+        img = grid.image("requests")
+        cmap = colormaps["viridis"].with_extremes(bad="white", under=_UNTOUCHED)
+        shown = np.where(img > 0, np.log1p(np.nan_to_num(img)), -1.0)
+        shown[np.isnan(img)] = np.nan
+        ax.imshow(shown, cmap=cmap, vmin=0, vmax=max(1e-9, float(np.nanmax(shown, initial=0))),
+                  aspect="auto", interpolation="nearest")  # fmt: skip
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for side in ax.spines.values():
+            side.set_visible(False)
+        ax.set_xlabel(self._totals(grid, pages), fontsize=8, loc="left")
+
+    # --- helpers ---
+
+    def _empty(self) -> PageSnapshot:
+        z = np.zeros(0, np.uint64)
+        return PageSnapshot(0, 0, z, z, z, z.astype(np.uint32), z.astype(np.uint32))
+
+    def _data(self, grid: Grid, pages: PageSnapshot) -> dict[str, Any]:
+        f = grid.fields
+        data: dict[str, Any] = dict(
+            page=grid.first, pages=grid.count, last=grid.first + grid.count - 1, x=grid.x, y=grid.y,
+            variable=owners(pages, grid.first, grid.first + grid.count - 1), **f,
+        )  # fmt: skip
+        for m in _NAMES:
+            data[f"color_{m}"] = scaled(f[m], log=m != "holders")
+        return data
+
+    @staticmethod
+    def _tooltips(k: int) -> list[tuple[str, str]]:
+        return [
+            ("page" if k == 1 else "pages", "@page" if k == 1 else "@page–@last (@pages pages)"),
+            ("variable", "@variable"),
+            ("version", "@version"),
+            ("holders", "@holders"),
+            ("requests", "@requests"),
+            ("driver", "@driver_bytes{0.0 b}"),
+            ("peers", "@peer_bytes{0.0 b}"),
+        ]
+
+    @staticmethod
+    def _totals(grid: Grid, pages: PageSnapshot) -> str:
+        per = f" ({grid.k} per cell)" if grid.k > 1 else ""
+        mh = int(pages.holders.max()) if len(pages) else 0
+        return (f"{grid.n} pages{per} · {int((pages.requests > 0).sum())} accessed · "
+                f"driver {human_bytes(int(pages.driver_bytes.sum()))} · "
+                f"peers {human_bytes(int(pages.peer_bytes.sum()))} · max holders {mh}")  # fmt: skip
