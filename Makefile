@@ -58,6 +58,11 @@ bench-overhead: $(STAMP) bench-deps
 bench-recovery: $(STAMP) bench-deps
 	$(PYTHON) bench/recovery.py
 
+## What a live dashboard costs a running stage, in a real kernel (bench/dashboard.py).
+.PHONY: bench-dashboard
+bench-dashboard: kernelspec
+	$(PYTHON) bench/dashboard.py
+
 proto:
 	$(PYTHON) runtime/proto/generate.py
 
