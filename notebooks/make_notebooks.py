@@ -56,15 +56,6 @@ queries = bay[rng.integers(0, len(bay), 2000)] + rng.normal(scale=0.01, size=(20
 print(f"{len(queries):,} queries around San Francisco")
 cluster"""),
     ("md", """\
-**The dashboard** shows the cluster live while the next cells run: the arena's pages
-(colour = how often workers fetched them; hover for the variable, its version and
-holders; the buttons switch to driver-served bytes, peer-served bytes or holders),
-bytes served by the driver vs by peer workers, per-worker task bars, and the lineage
-of persisted partitions. `%clamor heatmap tree`, `%clamor timeline` and
-`%clamor lineage DS` show one view each."""),
-    ("code", """\
-%clamor dashboard"""),
-    ("md", """\
 `%%clamor map_partitions SRC --as q` runs the cell body once per partition of `SRC`
 (here the query array, cut in 8), with the partition bound to `q`; the value of the
 last expression is the partition's result. `--into nearest` names the new (lazy)
@@ -72,6 +63,15 @@ dataset. The body reads `tree`: it travels as a few bytes of arena references.""
     ("code", """\
 %%clamor map_partitions queries --as q --partitions 8 --into nearest
 tree.query(q, k=10)[1]"""),
+    ("md", """\
+**The dashboard** shows the cluster live while the next cells run: the arena's pages
+(colour = how often workers fetched them; hover for the variable, its version and
+holders; the buttons switch to driver-served bytes, peer-served bytes or holders),
+bytes served by the driver vs by peer workers, per-worker task bars, and the lineage
+of `nearest`. `%clamor heatmap tree`, `%clamor timeline` and `%clamor lineage nearest`
+show one view each."""),
+    ("code", """\
+%clamor dashboard nearest"""),
     ("code", """\
 t0 = time.perf_counter()
 first = nearest.collect()  # runs the stage; the workers start now if they have not yet
@@ -103,6 +103,23 @@ print(f"moved point {target}: {invalidated} page invalidated, {refetched} page f
 assert target not in second[0]
 assert np.array_equal(second, tree.query(queries, k=10)[1])
 assert invalidated == 1"""),
+    ("md", """\
+**Queries across the whole country.** 500,000 queries spread over the US, in the same
+Morton order as the points, cut into 16 tasks: each task reads its own stretch of the
+tree, so the dashboard's heatmap fills in region by region while the stage runs. Each
+task returns the mean distance to the 10 nearest neighbours of its queries."""),
+    ("code", """\
+country = points[rng.integers(0, len(points), 500_000)] + rng.normal(scale=0.05, size=(500_000, 2))
+country = country[geodata.morton_order(country)]
+before = cluster.stats()
+t0 = time.perf_counter()
+spread = cluster.parallelize(country, partitions=16).map_partitions(
+    lambda q: tree.query(q, k=10)[0].mean(axis=1)).collect()
+after = cluster.stats()
+fetched = (after["pages_fetched"] - before["pages_fetched"]) * after["page_size"]
+print(f"{len(country):,} queries across the US in {time.perf_counter() - t0:.2f} s; the two "
+      f"workers fetched {fetched / 2**20:.1f} MiB more (together)")
+assert np.allclose(spread[:200], tree.query(country[:200], k=10)[0].mean(axis=1))"""),
 ]
 
 LOGREG: list[Cell] = [

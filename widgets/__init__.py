@@ -50,8 +50,28 @@ def _name_variables(cluster: Any) -> None:
         cluster.publisher.variables = namer(shell.user_ns, cluster.page_size)
 
 
+_bokehjs_loaded = False
+
+
+def _load_bokehjs() -> None:
+    """Put BokehJS into the notebook page once per kernel: jupyter_bokeh does not bundle
+    it, and the default (a CDN) is unreachable offline, so it goes inline (~1 MB)."""
+    global _bokehjs_loaded
+    if _bokehjs_loaded:
+        return
+    from clamor.kernel.magics.progress import in_notebook
+
+    if in_notebook():
+        from bokeh.io import output_notebook
+        from bokeh.resources import INLINE
+
+        output_notebook(INLINE, hide_banner=True)
+        _bokehjs_loaded = True
+
+
 def _show(view: Any, cluster: Any, live: bool) -> LiveView:
     _name_variables(cluster)
+    _load_bokehjs()
     return LiveView(view, cluster, live=live)
 
 

@@ -62,10 +62,11 @@ class Dashboard(View):
         from bokeh.layouts import column, row
         from bokeh.models import Div
 
-        self.heatmap = PageHeatmap(variable=variable, span=span)
-        self.replication = ReplicationView()
-        self.timeline = TimelineView()
-        self.lineage = LineageView(graph_source)
+        # about 900 px wide: JupyterLab's output area with the file browser open
+        self.heatmap = PageHeatmap(variable=variable, span=span, columns=48, width=450, height=230)
+        self.replication = ReplicationView(width=440, height=200)
+        self.timeline = TimelineView(width=900, height=220)
+        self.lineage = LineageView(graph_source, width=900, height=260)
         self.views: list[View] = [self.heatmap, self.replication, self.timeline, self.lineage]
         self.status = Div(text="", css_classes=["clamor-status"], styles={"font-size": "13px"})
         self.root = column(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from bokeh.layouts import column, row
+from bokeh.layouts import column
 from bokeh.models import (
     ColumnDataSource,
     CustomJS,
@@ -126,7 +126,8 @@ class PageHeatmap(View):
     title = "arena pages"
 
     def __init__(self, variable: str | None = None, span: tuple[int, int] | None = None,
-                 columns: int = 64, max_cells: int = 4096) -> None:  # fmt: skip
+                 columns: int = 64, max_cells: int = 4096, width: int = 600,
+                 height: int = 260) -> None:  # fmt: skip
         self.variable = variable
         self.span = span
         self.columns = columns
@@ -142,7 +143,7 @@ class PageHeatmap(View):
             for m, _, p in METRICS
         }  # fmt: skip
         self.figure = figure(
-            title=self.title, width=600, height=260, tools="", toolbar_location=None,
+            title=self.title, width=width, height=height, tools="", toolbar_location=None,
             x_range=Range1d(-0.5, 0.5), y_range=Range1d(0.5, -0.5),  # row 0 on top
             css_classes=["clamor-heatmap"], min_border=4,
         )  # fmt: skip
@@ -163,7 +164,7 @@ class PageHeatmap(View):
                  "glyph.fill_color = {field: 'color_' + names[i], transform: mappers[i]};",
         ))  # fmt: skip
         self.totals = Div(text="", styles={"font-size": "11px", "color": "#555"})
-        self.root = column(row(self.toggle, self.totals), self.figure)
+        self.root = column(self.toggle, self.totals, self.figure)
 
     # --- the colouring ---
 

@@ -56,14 +56,14 @@ class ReplicationView(View):
 
     title = "replication"
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 600, height: int = 220) -> None:
         self.history_source = ColumnDataSource(data={"t": [], "driver": [], "peers": []})
         self.holders_source = ColumnDataSource(data={"holders": [], "pages": []})
         self.header = Div(text="no bytes served yet", styles={"font-size": "12px"})
 
         self.history = figure(
-            width=380, height=220, tools="", toolbar_location=None, min_border=4,
-            x_axis_label="seconds", y_axis_label="bytes served",
+            width=width - width * 11 // 30, height=height, tools="", toolbar_location=None,
+            min_border=4, x_axis_label="seconds", y_axis_label="bytes served",
         )  # fmt: skip
         lines = [
             self.history.step("t", key, source=self.history_source, mode="after", line_width=2,
@@ -77,8 +77,8 @@ class ReplicationView(View):
             ("t", "@t{0.0} s"), ("driver", "@driver{0.0 b}"), ("peers", "@peers{0.0 b}")]))  # fmt: skip
 
         self.holders = figure(
-            width=220, height=220, tools="", toolbar_location=None, min_border=4,
-            x_axis_label="holders", y_axis_label="pages requested",
+            width=width * 11 // 30, height=height, tools="", toolbar_location=None,
+            min_border=4, x_axis_label="holders", y_axis_label="pages requested",
         )  # fmt: skip
         bars = self.holders.vbar(x="holders", top="pages", width=0.8, source=self.holders_source,
                                  color=COLORS["held"])  # fmt: skip
