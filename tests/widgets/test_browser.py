@@ -218,20 +218,26 @@ def check_views(page: Any, prefix: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-@pytest.mark.timeout(180)
-def test_dashboard_is_live_in_jupyterlab(page: Any, lab: Lab, case: Case) -> None:
-    samples = run_notebook(page, lab, case, "lab")
+def run_and_check(page: Any, lab: Lab, case: Case, ui: str, prefix: str) -> list[dict]:
+    """Run the notebook in ``ui``; no cell failed, one dashboard, every view drew data.
+    Returns the heatmap samples taken while cells ran."""
+    samples = run_notebook(page, lab, case, ui)
     out = artifacts_dir()
-    page.screenshot(path=out / "jupyterlab-end.png", full_page=True)
+    page.screenshot(path=out / f"{prefix or 'jupyterlab-'}end.png", full_page=True)
     errors = cell_errors(page)
     assert not errors, "\n\n".join(errors + page.errors)
     dashboard = page.locator(f".{DASHBOARD}")
     assert dashboard.count() == 1
     dashboard.scroll_into_view_if_needed()
-    page.screenshot(path=out / "jupyterlab.png", full_page=True)
-    dashboard.screenshot(path=out / "dashboard.png")
-    check_views(page, "")
+    page.screenshot(path=out / f"{prefix.rstrip('-') or 'jupyterlab'}.png", full_page=True)
+    dashboard.screenshot(path=out / f"{prefix}dashboard.png")
+    check_views(page, prefix)
+    return samples
 
+
+@pytest.mark.timeout(180)
+def test_dashboard_is_live_in_jupyterlab(page: Any, lab: Lab, case: Case) -> None:
+    samples = run_and_check(page, lab, case, "lab", "")
     # The heatmap changed while one cell (the stage) ran: distinct pictures of a painted
     # canvas of one size (a first paint, or a resize alone, does not count).
     painted = [s for s in samples if s["cell"] >= 0 and s["hash"] is not None and s["colours"] > 2]
@@ -247,14 +253,4 @@ def test_dashboard_is_live_in_jupyterlab(page: Any, lab: Lab, case: Case) -> Non
 
 @pytest.mark.timeout(180)
 def test_dashboard_renders_in_notebook7(page: Any, lab: Lab, case: Case) -> None:
-    run_notebook(page, lab, case, "notebook")
-    out = artifacts_dir()
-    page.screenshot(path=out / "notebook7-end.png", full_page=True)
-    errors = cell_errors(page)
-    assert not errors, "\n\n".join(errors + page.errors)
-    dashboard = page.locator(f".{DASHBOARD}")
-    assert dashboard.count() == 1
-    dashboard.scroll_into_view_if_needed()
-    page.screenshot(path=out / "notebook7.png", full_page=True)
-    dashboard.screenshot(path=out / "notebook7-dashboard.png")
-    check_views(page, "notebook7-")
+    run_and_check(page, lab, case, "notebook", "notebook7-")
