@@ -169,7 +169,7 @@ class Publisher:
     kernel supplies one). A subscriber that raises is logged and kept.
     """
 
-    def __init__(self, cluster: Any, interval: float = 0.25, history: int = 600) -> None:
+    def __init__(self, cluster: Any, interval: float = 0.4, history: int = 600) -> None:
         self._cluster = weakref.ref(cluster)  # its thread must not keep the cluster alive
         self.interval = interval
         self.variables: Callable[[], VariableSpans] | None = None

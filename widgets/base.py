@@ -86,7 +86,7 @@ def render_grid(panels: list[tuple[str, Any]], width: float, height: float, titl
     return out.getvalue()
 
 
-def set_data(source: Any, data: dict[str, Any], inline: int = 512) -> None:
+def set_data(source: Any, data: dict[str, Any], inline: int = 64) -> None:
     """Give ``source`` these columns, sending only what changed (views update a few times
     a second, and each changed column is a message to the browser).
 

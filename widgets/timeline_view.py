@@ -143,7 +143,7 @@ class TimelineView(View):
 
     title = "Task timeline"
 
-    def __init__(self, window: float | None = 60.0, max_tasks: int = 2000,
+    def __init__(self, window: float | None = 60.0, max_tasks: int = 1000,
                  width: int = 700, height: int = 240) -> None:  # fmt: skip
         from bokeh.models import (
             ColumnDataSource,
