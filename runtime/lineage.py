@@ -505,11 +505,8 @@ def build_graph(root: Any, runner: StageRunner, persisted: Mapping[int, Any]) ->
             rec = _records.get(key) if kept else None
             if rec is None:
                 nodes.append(LineageNode(key, node.id, node.name, i, ops, kept, NOT_COMPUTED))
-                continue
-            holder = holder_alive(runner, key, live)
-            state = LOST if holder is None else RECOMPUTED if rec.recomputed else HELD
-            nodes.append(LineageNode(key, node.id, node.name, i, rec.ops, True, state, holder,
-                                     rec.run.epoch, rec.run.read_set))  # fmt: skip
+            else:
+                nodes.append(_kept_node(rec, node.id, node.name, i, runner, live))
         edges += _edges(node)
     return LineageGraph(nodes, edges)
 
@@ -523,11 +520,8 @@ def live_graph(runner: StageRunner) -> LineageGraph:
     keys = {r.key for r in recs}
     nodes, edges = [], []
     for rec in sorted(recs, key=lambda r: (r.dataset, r.index)):
-        holder = holder_alive(runner, rec.key, live)
-        state = LOST if holder is None else RECOMPUTED if rec.recomputed else HELD
         name = rec.ops[-1] if rec.ops else "partition"
-        nodes.append(LineageNode(rec.key, rec.dataset, name, rec.index, rec.ops, True, state,
-                                 holder, rec.run.epoch, rec.run.read_set))  # fmt: skip
+        nodes.append(_kept_node(rec, rec.dataset, name, rec.index, runner, live))
         parents: list[PartitionKey] = []
         for key in rec.run.inputs:
             if key in keys:
@@ -536,6 +530,15 @@ def live_graph(runner: StageRunner) -> LineageGraph:
                 parents += [k for k in run.inputs if k in keys]
         edges += [(p, rec.key) for p in dict.fromkeys(parents)]
     return LineageGraph(nodes, edges)
+
+
+def _kept_node(rec: Record, dataset: int, name: str, index: int, runner: StageRunner,
+               live: set[int]) -> LineageNode:  # fmt: skip
+    """The node of a persisted partition with a record: held, lost or recomputed."""
+    holder = holder_alive(runner, rec.key, live)
+    state = LOST if holder is None else RECOMPUTED if rec.recomputed else HELD
+    return LineageNode(rec.key, dataset, name, index, rec.ops, True, state, holder,
+                       rec.run.epoch, rec.run.read_set)  # fmt: skip
 
 
 def _edges(node: Any) -> list[tuple[PartitionKey, PartitionKey]]:

@@ -119,17 +119,19 @@ _TOTALS = ("epoch", "bytes_served_by_driver", "bytes_served_by_peers", "invalida
 
 
 def take(cluster: Any, variables: VariableSpans | None = None, seq: int = 0,
-         history: tuple = ()) -> ClusterSnapshot:  # fmt: skip
-    """A snapshot of ``cluster`` now (``variables``: see :data:`VariableSpans`)."""
+         history: tuple = (), paging: dict | None = None) -> ClusterSnapshot:  # fmt: skip
+    """A snapshot of ``cluster`` now (``variables``: see :data:`VariableSpans`;
+    ``paging``: the driver pager's ``stats()`` if the caller has just read them)."""
     telemetry = cluster.telemetry
     sched = cluster.scheduler_snapshot()
-    paging = cluster.paging.stats()
+    paging = cluster.paging.stats() if paging is None else paging
     stats = cluster.page_stats()
     first = int(stats.pop("first_page"))
     spans = {n: (int(a), int(b)) for n, (a, b) in (variables or {}).items()}
     pages = PageSnapshot(first, cluster.page_size, **stats, variables=spans)
     live = sched["workers"]
-    lost = {e.worker for e in telemetry.events() if e.kind == "worker_lost"} - set(live)
+    events = telemetry.events()
+    lost = {e.worker for e in events if e.kind == "worker_lost"} - set(live)
     workers = [
         WorkerSnapshot(w, True, s["running"], s["tasks_done"], s["slow"]) for w, s in live.items()
     ] + [WorkerSnapshot(w, False) for w in sorted(lost) if w is not None]
@@ -142,7 +144,7 @@ def take(cluster: Any, variables: VariableSpans | None = None, seq: int = 0,
         stages=dict(sched["stages"]),
         stage_log=tuple(telemetry.stages()),
         tasks=tuple(telemetry.tasks()),
-        events=tuple(sorted(telemetry.events() + _recoveries(), key=lambda e: e.time)),
+        events=tuple(sorted(events + _recoveries(), key=lambda e: e.time)),
         pages=pages,
         totals=totals,
         history=history,
@@ -219,8 +221,7 @@ class Publisher:
             if not self._history or self._history[-1][1:] != point[1:]:
                 self._history.append(point)
             history = tuple(self._history)
-        names = self._names()
-        snap = take(self.cluster, names, next(self._seq), history)
+        snap = take(self.cluster, self._names(), next(self._seq), history, paging)
         self.build_seconds += time.perf_counter() - started
         return snap
 

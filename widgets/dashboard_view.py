@@ -11,20 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from clamor.runtime.arena import format_bytes
 from clamor.runtime.snapshots import ClusterSnapshot
 from clamor.widgets.base import View, render_grid
 from clamor.widgets.heatmap_view import PageHeatmap
 from clamor.widgets.lineage_view import LineageView
 from clamor.widgets.replication_view import ReplicationView
 from clamor.widgets.timeline_view import TimelineView
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def status_line(snapshot: ClusterSnapshot) -> str:
@@ -37,8 +30,8 @@ def status_line(snapshot: ClusterSnapshot) -> str:
     if not snapshot.stages:
         parts.append("idle")
     t = snapshot.totals
-    parts.append(f"driver served {_size(t.get('bytes_served_by_driver', 0))}, "
-                 f"peers {_size(t.get('bytes_served_by_peers', 0))}")  # fmt: skip
+    parts.append(f"driver served {format_bytes(t.get('bytes_served_by_driver', 0))}, "
+                 f"peers {format_bytes(t.get('bytes_served_by_peers', 0))}")  # fmt: skip
     counters = [f"{t[k]} {k.removeprefix('tasks_')}" for k in
                 ("tasks_rerun", "tasks_speculated", "tasks_recomputed") if t.get(k)]  # fmt: skip
     if counters:

@@ -26,6 +26,7 @@ from bokeh.models import (
 )
 from bokeh.palettes import Blues256, Greens256, Oranges256, Viridis256
 from bokeh.plotting import figure
+from clamor.runtime.arena import format_bytes
 from clamor.runtime.snapshots import ClusterSnapshot, PageSnapshot
 from clamor.widgets.base import View, set_data
 
@@ -41,15 +42,6 @@ _NAMES = tuple(m for m, _, _ in METRICS)
 _SUMMED = ("requests", "driver_bytes", "peer_bytes")
 _UNTOUCHED = "#eeeeee"
 _FLOOR = 0.15  # the smallest non-zero value still gets a visible colour
-
-
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def scaled(values: np.ndarray, log: bool = True) -> np.ndarray:
@@ -209,9 +201,9 @@ class PageHeatmap(View):
         req = pages.requests
         driver, peer = int(pages.driver_bytes.sum()), int(pages.peer_bytes.sum())
         lines = [
-            (f"{self.title}: {len(pages)} pages of {human_bytes(pages.page_size)}, "
+            (f"{self.title}: {len(pages)} pages of {format_bytes(pages.page_size)}, "
              f"{int((req > 0).sum())} accessed ({int(req.sum())} requests)"),
-            (f"served: {human_bytes(driver)} by the driver, {human_bytes(peer)} by peers; "
+            (f"served: {format_bytes(driver)} by the driver, {format_bytes(peer)} by peers; "
              f"max holders {int(pages.holders.max()) if len(pages) else 0}"),
         ]
         hot = np.argsort(-req.astype(np.int64), kind="stable")[:5]
@@ -275,5 +267,5 @@ class PageHeatmap(View):
         per = f" ({grid.k} per cell)" if grid.k > 1 else ""
         mh = int(pages.holders.max()) if len(pages) else 0
         return (f"{grid.n} pages{per} · {int((pages.requests > 0).sum())} accessed · "
-                f"driver {human_bytes(int(pages.driver_bytes.sum()))} · "
-                f"peers {human_bytes(int(pages.peer_bytes.sum()))} · max holders {mh}")  # fmt: skip
+                f"driver {format_bytes(int(pages.driver_bytes.sum()))} · "
+                f"peers {format_bytes(int(pages.peer_bytes.sum()))} · max holders {mh}")  # fmt: skip

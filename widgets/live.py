@@ -14,6 +14,7 @@ text summary (a terminal IPython prints it) and ``image/png`` a static picture
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import threading
 import weakref
@@ -103,24 +104,24 @@ class LiveView:
 
 
 def _bokeh_model(root: Any) -> Any:
-    """A jupyter_bokeh ``BokehModel`` whose ``close`` may run twice (4.1's raises
-    ``KeyError`` on the second call, which its ``__del__`` makes after ours)."""
+    """A jupyter_bokeh ``BokehModel`` of ``root`` whose ``close`` may run twice."""
+    return _model_class()(root, combine_events=True)
+
+
+@functools.cache
+def _model_class() -> type:
+    """``BokehModel`` with an idempotent ``close`` (4.1's raises ``KeyError`` on a second
+    call, which its ``__del__`` makes after ours). Built on first use: importing
+    jupyter_bokeh at kernel start would cost every kernel the Bokeh import."""
     from jupyter_bokeh import BokehModel
 
-    class _Model(BokehModel):
+    class SafeBokehModel(BokehModel):
         def close(self) -> None:
-            if getattr(self, "_clamor_closed", False):
-                return
-            self._clamor_closed = True
-            super().close()
+            if not getattr(self, "_clamor_closed", False):
+                self._clamor_closed = True
+                super().close()
 
-    global _Model_cls
-    if _Model_cls is None:
-        _Model_cls = _Model
-    return _Model_cls(root, combine_events=True)
-
-
-_Model_cls: Any = None
+    return SafeBokehModel
 
 
 def close_all() -> None:

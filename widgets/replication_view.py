@@ -20,9 +20,9 @@ from bokeh.models import (
     NumeralTickFormatter,
 )
 from bokeh.plotting import figure
+from clamor.runtime.arena import format_bytes
 from clamor.runtime.snapshots import ClusterSnapshot
 from clamor.widgets.base import COLORS, View, set_data
-from clamor.widgets.heatmap_view import human_bytes
 
 
 def served(snapshot: ClusterSnapshot) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -133,4 +133,4 @@ class ReplicationView(View):
         share, total = peer_share(snapshot)
         if not total:
             return "no bytes served yet"
-        return f"peers served {share:.0%} of {human_bytes(total)}"
+        return f"peers served {share:.0%} of {format_bytes(total)}"

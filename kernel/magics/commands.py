@@ -15,20 +15,13 @@ from typing import Any
 from clamor.kernel import session
 from clamor.kernel.magics import errors, parsing
 from clamor.runtime import checkpoint, shipping
+from clamor.runtime.arena import format_bytes
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.dataset import Dataset
 from IPython.core.error import UsageError
 
 #: Checkpoints started by ``%clamor checkpoint`` (shown by ``%clamor status``).
 checkpoints: list[checkpoint.CheckpointHandle] = []
-
-
-def size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def table(header: list[str], rows: list[list[Any]]) -> str:
@@ -102,9 +95,9 @@ class LineCommands:
               f"{stats['stages_run']} stages, {stats['tasks_run']} tasks run "
               f"({stats.get('tasks_rerun', 0)} rerun, {stats.get('tasks_speculated', 0)} speculated, "
               f"{stats.get('tasks_recomputed', 0)} recomputed)")  # fmt: skip
-        print(f"pages fetched {stats['pages_fetched']} ({size(stats['bytes_served_by_driver'])} from the "
-              f"driver, {size(stats['bytes_served_by_peers'])} from peers), page size "
-              f"{size(stats['page_size'])}")  # fmt: skip
+        print(f"pages fetched {stats['pages_fetched']} ({format_bytes(stats['bytes_served_by_driver'])} from the "
+              f"driver, {format_bytes(stats['bytes_served_by_peers'])} from peers), page size "
+              f"{format_bytes(stats['page_size'])}")  # fmt: skip
         rows = []
         for w in workers:
             state = "yes" if w["alive"] else "no"
@@ -112,7 +105,7 @@ class LineCommands:
                 state = f"no: {w['lost']}"
             rows.append([w["id"], w["pid"], w["host"], state, w.get("tasks_run", "-"),
                          w.get("pages_fetched", "-"), w.get("cached_pages", "-"),
-                         size(w["rss_bytes"]) if "rss_bytes" in w else "-"])  # fmt: skip
+                         format_bytes(w["rss_bytes"]) if "rss_bytes" in w else "-"])  # fmt: skip
         print(table(["worker", "pid", "host", "alive", "tasks", "pages", "cached", "rss"], rows))
         for handle in checkpoints:
             print(f"checkpoint {handle!r}" + (f": {handle.error}" if handle.error else ""))
