@@ -77,7 +77,8 @@ def test_the_publisher_publishes_while_a_stage_runs_and_not_to_nobody(cluster, t
     seen = []
     unsubscribe = publisher.subscribe(seen.append)
     try:
-        cluster.parallelize(list(range(4)), partitions=4).map(lambda i: time.sleep(0.4)).collect()
+        busy = 3 * publisher.interval  # the stage lasts about 6 publishing intervals
+        cluster.parallelize(list(range(4)), partitions=4).map(lambda i: time.sleep(busy)).collect()
         time.sleep(2 * publisher.interval)
     finally:
         unsubscribe()
