@@ -28,11 +28,13 @@ from typing import Any, Self
 import cloudpickle
 import grpc
 from clamor.runtime import arena, checkpoint, lineage, shipping, snapshots
+from clamor.runtime.credentials import Credentials
 from clamor.runtime.dataset import DatasetSources
 from clamor.runtime.errors import ClamorError, WorkerLostError
 from clamor.runtime.executor import Executor
 from clamor.runtime.exitcodes import describe_exit
-from clamor.runtime.launcher import LocalLauncher
+from clamor.runtime.launcher import Launcher, LocalLauncher
+from clamor.runtime.observer import ObserverServicer
 from clamor.runtime.pager import DriverPager
 from clamor.runtime.paging_api import DriverPaging
 from clamor.runtime.partitions import decode_key
@@ -41,16 +43,11 @@ from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.shipping import pack_task
 from clamor.runtime.stage import PartitionKey, StageSpec, TaskContext, TaskSpec
 from clamor.runtime.throttle import Throttle
-from clamor.runtime.transport import (
-    PROTOCOL_VERSION,
-    connect,
-    create_server,
-    new_token,
-)
+from clamor.runtime.transport import PROTOCOL_VERSION, connect, create_server
 
 logger = logging.getLogger("clamor.cluster")
 
-#: A worker without a local process is lost after this long without a heartbeat.
+#: A worker whose process its launcher cannot see is lost after this long without a heartbeat.
 HEARTBEAT_TIMEOUT = 10.0
 #: How often a waiting stage checks that its workers' processes are still alive.
 POLL_INTERVAL = 0.1
@@ -70,7 +67,7 @@ class _Worker:
     address: str
     channel: grpc.Channel
     stub: pb_grpc.WorkerStub
-    local: bool
+    local: bool  # its launcher sees the process (a local subprocess)
     ready: bool = False
     lost: str | None = None  # how it was lost
     #: Set once the pager and the executor know it is lost (later callers wait for it).
@@ -126,7 +123,7 @@ class _SchedulerServicer(pb_grpc.SchedulerServicer):
 
 def _shutdown(
     server: grpc.Server,
-    launcher: LocalLauncher,
+    launcher: Launcher,
     channels: list,
     paging: DriverPaging,
     executor: Executor,
@@ -145,10 +142,15 @@ def _shutdown(
 
 
 class Cluster(DatasetSources):
-    """Worker processes on this machine and the scheduler that drives them.
+    """Worker processes and the scheduler that drives them.
 
     ``workers``: how many (default ``os.cpu_count()``); ``host``: the address the
-    scheduler and the workers listen on. Paging (DESIGN 3): ``page_size`` (default
+    scheduler and the driver's page server listen on (and local workers too).
+    ``launcher``: where workers run: ``"local"`` (subprocesses here, the default) or a
+    :class:`~clamor.runtime.launcher.Launcher` such as ``SSHLauncher(hosts)`` or
+    ``DaskLauncher(client)``; remote workers need ``host`` to be an address they can
+    reach. ``tls``: mutual TLS with a per-cluster CA on gRPC and the page protocol
+    (for multi-host clusters; the token is checked either way). Paging (DESIGN 3): ``page_size`` (default
     the arena's), ``transport`` (``"auto"``: shared memory for workers on this host,
     TCP otherwise; ``"shm"``; ``"tcp"``), ``replication`` (redirect requests for held
     pages to peers), ``readahead`` (batch sequential faults). ``paging``: replaces the
@@ -173,15 +175,26 @@ class Cluster(DatasetSources):
         log_dir: str | None = None,
         speculation: bool = True,
         speculation_factor: float = 2.0,
+        launcher: str | Launcher = "local",
+        tls: bool = False,
     ) -> None:
         n = (os.cpu_count() or 1) if workers is None else workers
         if n < 1:
             raise ValueError(f"a cluster needs at least one worker, got {n}")
+        if isinstance(launcher, str):
+            if launcher != "local":
+                raise ValueError(
+                    f"launcher must be 'local' or a Launcher instance (e.g. "
+                    f"clamor.SSHLauncher(hosts), clamor.DaskLauncher(client)), not {launcher!r}"
+                )
+            launcher = LocalLauncher()
         self.host = host
-        self._token = new_token()
+        self._credentials = Credentials.generate(tls=tls)
+        self._token = self._credentials.token
         self._paging: DriverPaging = paging if paging is not None else DriverPager(
             page_size=page_size,
             token=self._token.encode(),
+            tls=self._credentials.tls,
             host=host,
             transport=transport,
             replication=replication,
@@ -208,11 +221,16 @@ class Cluster(DatasetSources):
 
         self._server, self.address = create_server(
             self._token,
-            [(pb_grpc.add_SchedulerServicer_to_server, _SchedulerServicer(self))],
+            [
+                (pb_grpc.add_SchedulerServicer_to_server, _SchedulerServicer(self)),
+                (pb_grpc.add_ObserverServicer_to_server, ObserverServicer(self)),
+            ],
             host=host,
             max_workers=max(8, min(64, n + 4)),
+            tls=self._credentials.tls,
         )
-        self._launcher = LocalLauncher(self.address, self._token, host=host, log_dir=log_dir)
+        self._launcher = launcher
+        launcher.bind(self.address, self._credentials, host=host, log_dir=log_dir)
         self._finalizer = weakref.finalize(
             self,
             _shutdown,
@@ -236,13 +254,13 @@ class Cluster(DatasetSources):
 
     def _on_register(self, request: pb.RegisterRequest) -> pb.RegisterReply:
         with self._cond:
-            worker_id = self._launcher.worker_id_for_pid(request.pid)
-            local = worker_id is not None
+            worker_id = self._launcher.claim(request.launch_key, request.pid)
+            local = worker_id is not None and self._launcher.observes(worker_id)
             if worker_id is None:
                 worker_id, self._next_id = self._next_id, self._next_id + 1
         config = {"worker_id": worker_id, "protocol": PROTOCOL_VERSION}
         config.update(self._paging.worker_config(worker_id, request.host))
-        channel = connect(request.address, self._token)
+        channel = connect(request.address, self._token, tls=self._credentials.tls)
         worker = _Worker(
             worker_id,
             request.pid,
@@ -311,7 +329,7 @@ class Cluster(DatasetSources):
             state = "registered but not ready"
         else:
             state = "running but never registered"
-        return f"worker {worker_id} (pid {self._launcher.pid(worker_id)}) {state}"
+        return f"worker {worker_id} ({self._launcher.describe(worker_id)}) {state}"
 
     def _process_alive(self, worker: _Worker) -> bool:
         if worker.local:
@@ -321,11 +339,14 @@ class Cluster(DatasetSources):
     def _how_lost(self, worker: _Worker, error: grpc.RpcError | None = None) -> str:
         """Describe a lost worker's end; a local worker that still runs is killed first."""
         if not worker.local:
-            return (
+            how = (
                 f"no heartbeat for {HEARTBEAT_TIMEOUT:g} s"
                 if error is None
                 else f"unreachable ({error.code().name}: {error.details()})"
             )
+            code = self._launcher.exitcode(worker.id)
+            where = self._launcher.describe(worker.id)
+            return f"{how}; {where}" + ("" if code is None else f" {describe_exit(code)}")
         code = self._launcher.wait(worker.id, 2.0)
         if code is None:  # unreachable but running: it cannot be trusted any more
             code = self._launcher.kill(worker.id)
@@ -578,10 +599,15 @@ class Cluster(DatasetSources):
     def kill_worker(self, worker_id: int) -> None:
         """SIGKILL a worker's process (fault injection) and wait until it has exited."""
         worker = self._workers.get(worker_id)
-        if worker is None or not worker.local:
-            raise ValueError(f"worker {worker_id} was not started by this cluster")
-        code = self._launcher.kill(worker_id)
-        self._mark_lost(worker, f"pid {worker.pid} {describe_exit(code)} (kill_worker)")
+        if worker is None:
+            raise ValueError(f"no worker {worker_id} (workers: {self.workers})")
+        try:
+            code = self._launcher.kill(worker_id, worker.pid)
+        except (NotImplementedError, KeyError):
+            raise ValueError(f"worker {worker_id} was not started by this cluster") from None
+        where = self._launcher.describe(worker_id)
+        ended = "killed" if code is None else describe_exit(code)
+        self._mark_lost(worker, f"{where} {ended} (kill_worker)")
 
     def slow_worker(self, worker_id: int, factor: float) -> None:
         """Make a worker's process run ``factor`` times slower (CPU duty cycle; 1 restores it)."""

@@ -1,18 +1,28 @@
-"""Start ``clamor-worker`` processes on this machine (the ``local`` launcher).
+"""Launchers start ``clamor-worker`` processes for a cluster (DESIGN 5).
 
-No orphans: workers die with :meth:`LocalLauncher.close`, with the interpreter
-(``weakref.finalize``, which also runs at exit), and with a SIGKILL of the driver
-(``PR_SET_PDEATHSIG`` on Linux, plus the worker's own watchdog on ``--parent-pid``).
+A worker is always the same command, ``clamor-worker --connect ADDR --token-file F``;
+launchers differ in where it runs: :class:`LocalLauncher` (subprocesses here,
+the default), ``ssh`` (runtime/ssh_launcher.py) and ``dask`` (runtime/dask_launcher.py).
+The cluster reserves a worker id, asks the launcher to :meth:`~Launcher.spawn` it,
+and the launcher passes a ``--launch-key`` that the worker echoes when it registers,
+so the cluster knows which reservation a registering worker fills.
 
-The worker sets ``PR_SET_PDEATHSIG`` itself, first thing after exec, then checks
-that its parent is still the driver (closing the race). That is equivalent to a
-``preexec_fn`` without its hazard: a ``preexec_fn`` runs Python in a child forked
-from a process full of gRPC threads, which can deadlock before exec.
+No orphans from the local launcher: workers die with :meth:`LocalLauncher.close`,
+with the interpreter (``weakref.finalize``, which also runs at exit), and with a
+SIGKILL of the driver (``PR_SET_PDEATHSIG`` on Linux, plus the worker's own
+watchdog on ``--parent-pid``). The worker sets ``PR_SET_PDEATHSIG`` itself, first
+thing after exec, then checks that its parent is still the driver (closing the
+race). That is equivalent to a ``preexec_fn`` without its hazard: a ``preexec_fn``
+runs Python in a child forked from a process full of gRPC threads, which can
+deadlock before exec. Remote workers exit on their own when the driver has been
+unreachable for a few seconds (the worker's heartbeat watchdog).
 """
 
 from __future__ import annotations
 
+import abc
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -22,7 +32,99 @@ from collections.abc import Iterable
 from typing import IO
 
 import psutil
-from clamor.runtime.transport import write_temp_token_file
+from clamor.runtime.credentials import Credentials
+
+
+def worker_command(
+    connect: str, token_file: str, *, python: str | None = None, host: str | None = None
+) -> list[str]:
+    """The ``clamor-worker`` command line (run as ``python -m``, so no PATH is needed)."""
+    command = [
+        python or sys.executable,
+        "-m",
+        "clamor.runtime.worker",
+        "--connect",
+        connect,
+        "--token-file",
+        token_file,
+    ]
+    return command + (["--host", host] if host else [])
+
+
+class Launcher(abc.ABC):
+    """Starts and stops the worker processes of one cluster.
+
+    The cluster calls :meth:`bind` once (its scheduler address and secrets), then
+    :meth:`spawn` per reserved worker id, :meth:`claim` when a worker registers,
+    and :meth:`close` at the end. Launchers that see their processes (``local``)
+    say so with :meth:`observes`; for the others the cluster relies on heartbeats.
+    """
+
+    #: Short name shown in stats and error messages.
+    name = "launcher"
+
+    def __init__(self) -> None:
+        self.connect = ""
+        self.credentials: Credentials | None = None
+        self.host = "127.0.0.1"
+        self.log_dir: str | None = None
+        self._keys: dict[str, int] = {}  # launch key -> worker id
+
+    def bind(
+        self, connect: str, credentials: Credentials, *, host: str, log_dir: str | None
+    ) -> None:
+        """Called once by the cluster before the first :meth:`spawn`."""
+        self.connect, self.credentials, self.host, self.log_dir = connect, credentials, host, log_dir
+
+    def new_launch_key(self, worker_id: int) -> str:
+        """A fresh key for ``worker_id``'s process (passed as ``--launch-key``)."""
+        key = f"{worker_id}-{secrets.token_hex(8)}"
+        self._keys[key] = worker_id
+        return key
+
+    def claim(self, launch_key: str, pid: int) -> int | None:
+        """The worker id reserved for a registering process (``None``: not ours)."""
+        return self._keys.pop(launch_key, None) if launch_key else None
+
+    @abc.abstractmethod
+    def spawn(self, worker_id: int) -> None:
+        """Start the process that will register as ``worker_id``."""
+
+    def start(self, worker_ids: Iterable[int]) -> None:
+        """:meth:`spawn` each id."""
+        for i in worker_ids:
+            self.spawn(i)
+
+    def observes(self, worker_id: int) -> bool:
+        """Whether :meth:`alive` and :meth:`exitcode` see the worker's process itself."""
+        return False
+
+    def alive(self, worker_id: int) -> bool:
+        """Whether the worker's process may still run (``True`` when not observable)."""
+        return self.exitcode(worker_id) is None
+
+    def exitcode(self, worker_id: int) -> int | None:
+        """``None`` while running (or unknown); the exit status, ``-signal`` if killed."""
+        return None
+
+    def wait(self, worker_id: int, timeout: float | None = None) -> int | None:
+        """Wait up to ``timeout`` seconds for the worker to exit; its exit code or ``None``."""
+        return self.exitcode(worker_id)
+
+    def describe(self, worker_id: int) -> str:
+        """Where the worker runs, for messages (e.g. ``pid 123`` or ``ssh node1``)."""
+        return f"{self.name} worker {worker_id}"
+
+    def kill(self, worker_id: int, pid: int | None = None, timeout: float = 10.0) -> int | None:
+        """SIGKILL the worker's process (``pid``, as it registered); its exit code if known."""
+        raise NotImplementedError(f"the {self.name} launcher cannot kill workers")
+
+    def release_token_file(self) -> None:
+        """Remove any token file written for start-up (workers read it only then)."""
+
+    @abc.abstractmethod
+    def close(self, timeout: float = 5.0) -> None:
+        """Give workers ``timeout`` seconds to exit on their own, then stop the rest."""
 
 
 def _remove_token_file(files: dict[str, str]) -> None:
@@ -52,30 +154,20 @@ def _reap(procs: dict[int, subprocess.Popen], logs: list[IO], files: dict[str, s
     _remove_token_file(files)
 
 
-class LocalLauncher:
-    """Worker subprocesses of one cluster, keyed by the worker id the cluster chose.
+class LocalLauncher(Launcher):
+    """Worker subprocesses of one cluster on this machine, keyed by worker id.
 
-    ``log_dir``: write each worker's stdout/stderr to ``worker-<id>.log`` there
-    (default: inherit the driver's). ``env``: the workers' environment (default: the
-    driver's).
+    ``env``: the workers' environment (default: the driver's). Worker logs go to
+    ``worker-<id>.log`` in the cluster's ``log_dir`` (default: the driver's output).
     """
 
-    def __init__(
-        self,
-        connect: str,
-        token: str,
-        *,
-        host: str = "127.0.0.1",
-        log_dir: str | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.connect = connect
-        self.host = host
-        self.log_dir = log_dir
+    name = "local"
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        super().__init__()
         self.env = env
         self._procs: dict[int, subprocess.Popen] = {}
         self._logs: list[IO] = []
-        self._token = token
         self._files: dict[str, str] = {}  # "token": path of the current token file
         self._finalizer = weakref.finalize(self, _reap, self._procs, self._logs, self._files)
 
@@ -89,23 +181,14 @@ class LocalLauncher:
         _remove_token_file(self._files)
 
     def command(self) -> list[str]:
-        """The worker command line (without ``--parent-pid``)."""
+        """The worker command line (without ``--parent-pid`` and ``--launch-key``)."""
         if "token" not in self._files:
-            self._files["token"] = write_temp_token_file(self._token)
-        return [
-            sys.executable,
-            "-m",
-            "clamor.runtime.worker",
-            "--connect",
-            self.connect,
-            "--token-file",
-            self._files["token"],
-            "--host",
-            self.host,
-        ]
+            assert self.credentials is not None, "bind() first"
+            self._files["token"] = self.credentials.write_temp()
+        return worker_command(self.connect, self._files["token"], host=self.host)
 
-    def spawn(self, worker_id: int) -> int:
-        """Start the process that will register as ``worker_id``; return its pid."""
+    def spawn(self, worker_id: int) -> None:
+        """Start the process that will register as ``worker_id``."""
         if not self._finalizer.alive:
             raise RuntimeError("launcher is closed")
         if worker_id in self._procs:
@@ -115,11 +198,12 @@ class LocalLauncher:
             out = open(os.path.join(self.log_dir, f"worker-{worker_id}.log"), "ab")  # noqa: SIM115
             self._logs.append(out)
         command = self.command() + ["--parent-pid", str(os.getpid())]
+        command += ["--launch-key", self.new_launch_key(worker_id)]
         # PR_SET_PDEATHSIG fires when the *thread* that started the child exits: ask for it
         # from the main thread only; the worker's --parent-pid watchdog covers the rest.
         if threading.current_thread() is threading.main_thread():
             command.append("--kill-with-parent")
-        self._procs[worker_id] = proc = subprocess.Popen(
+        self._procs[worker_id] = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -127,25 +211,27 @@ class LocalLauncher:
             env=self.env,
             start_new_session=True,  # notebook interrupts (SIGINT to the group) spare the workers
         )
-        return proc.pid
-
-    def start(self, worker_ids: Iterable[int]) -> list[int]:
-        """:meth:`spawn` each id; return the pids."""
-        return [self.spawn(i) for i in worker_ids]
 
     @property
     def worker_ids(self) -> list[int]:
         return sorted(self._procs)
 
-    def worker_id_for_pid(self, pid: int) -> int | None:
-        """The worker id of the process ``pid``, if this launcher started it."""
-        for worker_id, proc in self._procs.items():
-            if proc.pid == pid:
-                return worker_id
-        return None
+    def claim(self, launch_key: str, pid: int) -> int | None:
+        """The reserved id, if the registering process is one this launcher started."""
+        worker_id = super().claim(launch_key, pid)
+        if worker_id is None or self._procs[worker_id].pid != pid:
+            return None
+        return worker_id
 
     def pid(self, worker_id: int) -> int:
         return self._procs[worker_id].pid
+
+    def observes(self, worker_id: int) -> bool:
+        return worker_id in self._procs
+
+    def describe(self, worker_id: int) -> str:
+        proc = self._procs.get(worker_id)
+        return super().describe(worker_id) if proc is None else f"pid {proc.pid}"
 
     def alive(self, worker_id: int) -> bool:
         """Whether the worker's process still runs. ``Popen.poll`` alone says "running"
@@ -160,8 +246,9 @@ class LocalLauncher:
             return False
 
     def exitcode(self, worker_id: int) -> int | None:
-        """``None`` while running; the exit status, or ``-signal`` if killed by a signal."""
-        return self._procs[worker_id].poll()
+        """``None`` while running (or not started here); the exit status, ``-signal`` if killed."""
+        proc = self._procs.get(worker_id)
+        return None if proc is None else proc.poll()
 
     def wait(self, worker_id: int, timeout: float | None = None) -> int | None:
         """Wait up to ``timeout`` seconds for the worker to exit; its exit code or ``None``."""
@@ -170,7 +257,7 @@ class LocalLauncher:
         except subprocess.TimeoutExpired:
             return None
 
-    def kill(self, worker_id: int, timeout: float = 10.0) -> int | None:
+    def kill(self, worker_id: int, pid: int | None = None, timeout: float = 10.0) -> int | None:
         """SIGKILL the worker and wait for it to exit; its exit code."""
         proc = self._procs[worker_id]
         if proc.poll() is None:

@@ -3,7 +3,10 @@
 Every call carries the cluster token and the protocol version as metadata; a
 server interceptor checks both on every service (``UNAUTHENTICATED`` for a
 missing or wrong token, ``FAILED_PRECONDITION`` for another protocol version).
-Messages are bounded by :data:`MAX_MESSAGE_BYTES` in both directions.
+Messages are bounded by :data:`MAX_MESSAGE_BYTES` in both directions. With
+``tls`` (a :class:`~clamor.runtime.credentials.TLSMaterial`), servers and
+channels use mutual TLS with the cluster's own CA, and channels check the
+server's certificate against :data:`TLS_SERVER_NAME`.
 """
 
 from __future__ import annotations
@@ -12,10 +15,6 @@ import collections
 import contextlib
 import hmac
 import logging
-import os
-import secrets
-import stat
-import tempfile
 import traceback
 from collections.abc import Callable, Iterable
 from concurrent import futures
@@ -23,6 +22,14 @@ from typing import Any
 
 import grpc
 from clamor.runtime import shipping
+from clamor.runtime.credentials import (  # noqa: F401 - re-exported for callers of the transport
+    TLS_SERVER_NAME,
+    TLSMaterial,
+    new_token,
+    read_token_file,
+    write_temp_token_file,
+    write_token_file,
+)
 from clamor.runtime.errors import RemoteTraceback, SerializationError, TaskError
 
 logger = logging.getLogger("clamor.transport")
@@ -57,40 +64,6 @@ def split_address(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"expected HOST:PORT, got {address!r}")
     return host.strip("[]"), int(port)
-
-
-def new_token() -> str:
-    """A fresh cluster token: 32 random bytes, hex."""
-    return secrets.token_hex(32)
-
-
-def write_token_file(path: str, token: str) -> None:
-    """Write ``token`` to a new file readable by its owner only (mode 0600)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token)
-
-
-def write_temp_token_file(token: str, dir: str | None = None) -> str:
-    """Write ``token`` to a new 0600 temporary file and return its path (caller removes it)."""
-    fd, path = tempfile.mkstemp(prefix="clamor-token-", dir=dir)  # mkstemp: O_EXCL, 0600
-    with os.fdopen(fd, "w") as f:
-        f.write(token)
-    return path
-
-
-def read_token_file(path: str) -> str:
-    """Read a token file; warns if other users may read it."""
-    with open(path) as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            logger.warning(
-                "token file %s is accessible by other users (mode %o)", path, mode & 0o777
-            )
-        token = f.read().strip()
-    if not token:
-        raise ValueError(f"token file {path} is empty")
-    return token
 
 
 # --- servers --------------------------------------------------------------------
@@ -151,11 +124,13 @@ def create_server(
     host: str = "127.0.0.1",
     port: int = 0,
     max_workers: int = 8,
+    tls: TLSMaterial | None = None,
 ) -> tuple[grpc.Server, str]:
     """Start a gRPC server on ``host:port`` (0: any free port) that checks the token.
 
-    ``services`` are ``(add_XServicer_to_server, servicer)`` pairs. Returns the
-    started server and its ``host:port`` address.
+    ``services`` are ``(add_XServicer_to_server, servicer)`` pairs. With ``tls``,
+    the server accepts only TLS clients presenting a certificate of the cluster's
+    CA. Returns the started server and its ``host:port`` address.
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="clamor-grpc"),
@@ -164,7 +139,14 @@ def create_server(
     )
     for add, servicer in services:
         add(servicer, server)
-    bound = server.add_insecure_port(format_address(host, port))
+    where = format_address(host, port)
+    if tls is None:
+        bound = server.add_insecure_port(where)
+    else:
+        credentials = grpc.ssl_server_credentials(
+            [(tls.key, tls.cert)], root_certificates=tls.ca, require_client_auth=True
+        )
+        bound = server.add_secure_port(where, credentials)
     if not bound:
         raise OSError(f"cannot listen on {format_address(host, port)}")
     server.start()
@@ -216,9 +198,25 @@ class _MetadataInterceptor(
         return continuation(self._with_metadata(details), request_iterator)
 
 
-def connect(address: str, token: str, *, protocol: str = PROTOCOL_VERSION) -> grpc.Channel:
-    """A channel to ``address`` whose every call carries ``token`` and ``protocol``."""
-    channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+def connect(
+    address: str,
+    token: str,
+    *,
+    tls: TLSMaterial | None = None,
+    protocol: str = PROTOCOL_VERSION,
+) -> grpc.Channel:
+    """A channel to ``address`` whose every call carries ``token`` and ``protocol``.
+
+    With ``tls``: a mutual-TLS channel that trusts only the cluster's CA.
+    """
+    if tls is None:
+        channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    else:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
+        )
+        options = _CHANNEL_OPTIONS + [("grpc.ssl_target_name_override", TLS_SERVER_NAME)]
+        channel = grpc.secure_channel(address, credentials, options=options)
     metadata = [(TOKEN_METADATA_KEY, token), (PROTOCOL_METADATA_KEY, protocol)]
     return grpc.intercept_channel(channel, _MetadataInterceptor(metadata))
 

@@ -1,6 +1,7 @@
 """``clamor-worker``: a worker process of the control plane.
 
     clamor-worker --connect HOST:PORT --token-file F [--host H] [--parent-pid PID]
+                  [--launch-key K] [--remove-token-file]
 
 It serves the ``Worker`` gRPC service on ``H:0``, registers with the driver's
 ``Scheduler`` at ``HOST:PORT``, builds its paging object from the config it gets
@@ -27,6 +28,7 @@ import time
 
 import grpc
 import psutil
+from clamor.runtime.credentials import Credentials
 from clamor.runtime.exitcodes import (
     EXIT_DRIVER_REFUSED,
     EXIT_DRIVER_UNREACHABLE,
@@ -37,12 +39,7 @@ from clamor.runtime.paging_api import NullWorkerPaging, load_factory
 from clamor.runtime.partitions import PartitionStore, decode_key
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
-from clamor.runtime.transport import (
-    connect,
-    create_server,
-    read_token_file,
-    split_address,
-)
+from clamor.runtime.transport import connect, create_server, split_address
 from clamor.runtime.worker_executor import WorkerExecutor
 
 logger = logging.getLogger("clamor.worker")
@@ -221,6 +218,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="get SIGKILLed by the kernel when the parent (--parent-pid) exits (Linux)",
     )
     p.add_argument(
+        "--launch-key",
+        default="",
+        metavar="K",
+        help="the key its launcher gave this worker (names the worker id it reserved)",
+    )
+    p.add_argument(
+        "--remove-token-file",
+        action="store_true",
+        help="delete the token file once read (launchers that copy it to another host)",
+    )
+    p.add_argument(
         "--register-timeout",
         type=float,
         default=10.0,
@@ -240,21 +248,24 @@ def main(argv: list[str] | None = None) -> int:
         format=f"clamor-worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
     )
     try:
-        token = read_token_file(args.token_file)
+        credentials = Credentials.read(args.token_file)
+        if args.remove_token_file:
+            os.unlink(args.token_file)
         driver_host, _ = split_address(args.connect)
     except (OSError, ValueError) as exc:
         _die(EXIT_SETUP_FAILED, str(exc))
     host = args.host or _local_host_towards(driver_host)
 
     servicer = WorkerServicer()
+    token, tls = credentials.token, credentials.tls
     server, address = create_server(
-        token, [(pb_grpc.add_WorkerServicer_to_server, servicer)], host=host, max_workers=4
+        token, [(pb_grpc.add_WorkerServicer_to_server, servicer)], host=host, max_workers=4, tls=tls
     )
-    scheduler = pb_grpc.SchedulerStub(connect(args.connect, token))
+    scheduler = pb_grpc.SchedulerStub(connect(args.connect, token, tls=tls))
     reply = _register(
         scheduler,
         args.connect,
-        pb.RegisterRequest(pid=os.getpid(), host=host, address=address),
+        pb.RegisterRequest(pid=os.getpid(), host=host, address=address, launch_key=args.launch_key),
         args.register_timeout,
     )
     worker_id = reply.worker_id
@@ -276,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             EXIT_SETUP_FAILED,
             f"worker {worker_id}: paging set-up failed: {type(exc).__name__}: {exc}",
         )
-    servicer.executor = WorkerExecutor(worker_id, paging, scheduler, token, servicer.store)
+    servicer.executor = WorkerExecutor(worker_id, paging, scheduler, credentials, servicer.store)
     try:
         scheduler.Ready(pb.ReadyRequest(worker_id=worker_id, info=info), timeout=30)
     except grpc.RpcError as exc:

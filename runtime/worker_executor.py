@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 from clamor.runtime import shipping
+from clamor.runtime.credentials import Credentials
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.paging_api import WorkerPaging
 from clamor.runtime.partitions import (
@@ -66,14 +67,14 @@ class WorkerExecutor:
         worker_id: int,
         paging: WorkerPaging,
         scheduler: pb_grpc.SchedulerStub,
-        token: str,
+        credentials: Credentials,
         store: PartitionStore,
     ) -> None:
         self.worker_id = worker_id
         self.tasks_run = 0
         self.paging = paging
         self._scheduler = scheduler
-        self._token = token
+        self._credentials = credentials
         self._store = store
         self._programs: OrderedDict[int, Any] = OrderedDict()
         self._queue: collections.deque[_Queued | _Exclusive] = collections.deque()
@@ -237,7 +238,9 @@ class WorkerExecutor:
     def _peer(self, address: str) -> pb_grpc.WorkerStub:
         stub = self._peers.get(address)
         if stub is None:
-            stub = self._peers[address] = pb_grpc.WorkerStub(connect(address, self._token))
+            stub = self._peers[address] = pb_grpc.WorkerStub(connect(
+                address, self._credentials.token, tls=self._credentials.tls
+            ))
         return stub
 
     # --- the reporter thread ---

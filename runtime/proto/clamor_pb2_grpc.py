@@ -5,6 +5,78 @@ import grpc
 from clamor.runtime.proto import clamor_pb2 as clamor_dot_runtime_dot_proto_dot_clamor__pb2
 
 
+class ObserverStub(object):
+    """---------------------------------------------------------------- Observer
+    Served by the driver beside Scheduler; called by read-only observers such as
+    the jupyter-server extension (extension/), which hold the cluster token.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Query = channel.unary_unary(
+                '/clamor.v1.Observer/Query',
+                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.QueryRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.QueryReply.FromString,
+                )
+
+
+class ObserverServicer(object):
+    """---------------------------------------------------------------- Observer
+    Served by the driver beside Scheduler; called by read-only observers such as
+    the jupyter-server extension (extension/), which hold the cluster token.
+    """
+
+    def Query(self, request, context):
+        """kind "snapshot": a pickled runtime.snapshots.ClusterSnapshot;
+        kind "stats": a pickled cluster.stats() dict.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ObserverServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Query': grpc.unary_unary_rpc_method_handler(
+                    servicer.Query,
+                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.QueryRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.QueryReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'clamor.v1.Observer', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Observer(object):
+    """---------------------------------------------------------------- Observer
+    Served by the driver beside Scheduler; called by read-only observers such as
+    the jupyter-server extension (extension/), which hold the cluster token.
+    """
+
+    @staticmethod
+    def Query(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Observer/Query',
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.QueryRequest.SerializeToString,
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.QueryReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+
 class SchedulerStub(object):
     """---------------------------------------------------------------- Scheduler
     Served by the driver; called by workers.

@@ -16,8 +16,9 @@ import cloudpickle
 import grpc
 import psutil
 import pytest
-from clamor.runtime import transport
+from clamor.runtime import observer, transport
 from clamor.runtime.cluster import Cluster
+from clamor.runtime.credentials import Credentials, InsecureTokenFile
 from clamor.runtime.errors import (
     ClamorError,
     RemoteTraceback,
@@ -26,6 +27,7 @@ from clamor.runtime.errors import (
     WorkerLostError,
 )
 from clamor.runtime.exitcodes import EXIT_DRIVER_UNREACHABLE
+from clamor.runtime.launcher import LocalLauncher
 from clamor.runtime.paging_api import NullDriverPaging
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
@@ -202,6 +204,53 @@ def test_token_files_are_private(tmp_path):
     for p in (path, str(other)):
         assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
         assert transport.read_token_file(p) == token
+    with pytest.raises(FileExistsError):  # never overwrites (O_EXCL)
+        transport.write_token_file(str(other), token)
+    os.chmod(other, 0o640)
+    with pytest.raises(InsecureTokenFile, match="chmod 600"):
+        transport.read_token_file(str(other))
+
+
+def test_credentials_with_tls_round_trip_through_a_private_file(tmp_path):
+    creds = Credentials.generate(tls=True)
+    assert creds.tls is not None and b"BEGIN CERTIFICATE" in creds.tls.ca
+    assert creds.tls.ca != Credentials.generate(tls=True).tls.ca  # one CA per cluster
+    path = creds.write_temp(dir=str(tmp_path))
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert Credentials.read(path) == creds
+    assert Credentials.parse(creds.token) == Credentials(creds.token)  # a bare token: no TLS
+    for bad in ("", "{}", '{"token": ""}', '{"token": "t", "tls": {"ca": "x"}}', "{oops"):
+        with pytest.raises(ValueError):
+            Credentials.parse(bad)
+
+
+def test_observers_query_snapshots_and_stats_with_the_token(cluster):
+    creds = cluster._credentials
+    stats = observer.query(cluster.address, creds, "stats")
+    assert [w["id"] for w in stats["workers"]] == cluster.workers
+    snap = observer.query(cluster.address, creds, "snapshot")
+    assert [w.id for w in snap.workers] == cluster.workers
+    with pytest.raises(grpc.RpcError) as info:
+        observer.query(cluster.address, creds, "secrets")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as info:
+        observer.query(cluster.address, Credentials("0" * 64), "stats")
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_launch_key_claims_only_its_own_reservation():
+    launcher = LocalLauncher()
+    key = launcher.new_launch_key(3)
+    assert launcher.claim("", 1) is None and launcher.claim("3-forged", 1) is None
+    # a key names a process this launcher started: an unknown pid cannot claim it
+    launcher._procs[3] = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        assert launcher.claim(key, launcher._procs[3].pid + 1) is None
+        key = launcher.new_launch_key(3)
+        assert launcher.claim(key, launcher._procs[3].pid) == 3
+        assert launcher.claim(key, launcher._procs[3].pid) is None  # one use only
+    finally:
+        launcher.close()
 
 
 # --- faults --------------------------------------------------------------------------

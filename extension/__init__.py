@@ -1,0 +1,1 @@
+"""jupyter-server extension: REST API and dashboard pages for Clamor clusters (DESIGN 8)."""
