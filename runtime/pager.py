@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 from clamor.runtime import arena
+from clamor.runtime.credentials import TLSMaterial
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.native import _native
 
@@ -58,7 +59,10 @@ class DriverPager:
         transport: str = "auto",
         replication: bool = True,
         readahead: bool = True,
+        tls: TLSMaterial | None = None,
     ) -> None:
+        if tls is not None:
+            raise PagingError("TLS on the page protocol is not available yet")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if not token:
