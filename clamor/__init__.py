@@ -17,6 +17,7 @@ from clamor.runtime.arena import (
 )
 from clamor.runtime.checkpoint import CheckpointError, restore
 from clamor.runtime.cluster import Cluster
+from clamor.runtime.dask_launcher import DaskLauncher
 from clamor.runtime.dataset import Dataset
 from clamor.runtime.errors import (
     ArenaExhaustedError,
@@ -46,6 +47,7 @@ __all__ = [
     "CheckpointError",
     "ClamorError",
     "Cluster",
+    "DaskLauncher",
     "Dataset",
     "MissingPartitionError",
     "SerializationError",
