@@ -1,12 +1,16 @@
 """The ``clamor`` command: install the "Clamor (Python 3)" kernelspec for Jupyter.
 
-    clamor install-kernel [--user | --sys-prefix | --prefix P] [--name clamor]
+    clamor install-kernel [--user | --sys-prefix | --prefix P] [--name clamor] [--no-server-extension]
     clamor uninstall-kernel [--name clamor]
 
 The kernelspec ships as package data (``clamor/kernel/kernelspec``); installing
 fills in its ``argv`` with this interpreter (``sys.executable -m clamor.kernel -f
 {connection_file}``), so the kernel runs in the environment it was installed from.
 Without a location option it goes to the user's Jupyter data directory.
+
+``install-kernel`` also enables the jupyter-server extension (extension/) at the
+same level (``etc/jupyter/jupyter_server_config.d/clamor.json``): a regular
+install ships that file as data, an editable install (``pip install -e``) does not.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
-__all__ = ["DEFAULT_NAME", "install", "is_installed", "kernel_argv", "main", "uninstall"]
+__all__ = ["DEFAULT_NAME", "enable_server_extension", "install", "is_installed", "kernel_argv",
+           "main", "uninstall"]  # fmt: skip
 
 #: The kernel name notebooks refer to (``metadata.kernelspec.name``).
 DEFAULT_NAME = "clamor"
@@ -58,6 +63,27 @@ def install(
         return KernelSpecManager().install_kernel_spec(
             tmp, kernel_name=name, user=user, prefix=prefix
         )
+
+
+#: What ``jupyter_server_config.d/clamor.json`` holds (as jupyter-config/ in the repository).
+SERVER_EXTENSION_CONFIG = {"ServerApp": {"jpserver_extensions": {"clamor.extension": True}}}
+
+
+def enable_server_extension(*, user: bool = False, prefix: str | None = None) -> str:
+    """Write ``jupyter_server_config.d/clamor.json`` (the extension enabled) into the user's
+    Jupyter config dir (``user``), ``PREFIX/etc/jupyter`` or the system one; its path."""
+    from jupyter_core.paths import SYSTEM_CONFIG_PATH, jupyter_config_dir
+
+    if user:
+        root = Path(jupyter_config_dir())
+    elif prefix:
+        root = Path(prefix) / "etc" / "jupyter"
+    else:
+        root = Path(SYSTEM_CONFIG_PATH[0])
+    path = root / "jupyter_server_config.d" / "clamor.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(SERVER_EXTENSION_CONFIG, indent=2) + "\n")
+    return str(path)
 
 
 def is_installed(name: str = DEFAULT_NAME) -> bool:
@@ -106,6 +132,8 @@ def _parser() -> argparse.ArgumentParser:
         "--name", default=DEFAULT_NAME, help=f"kernel name (default: {DEFAULT_NAME})"
     )
     inst.add_argument("--display-name", help='shown in Jupyter (default: "Clamor (Python 3)")')
+    inst.add_argument("--no-server-extension", action="store_true",
+                      help="do not enable the jupyter-server extension (dashboards, REST API)")  # fmt: skip
     rm = commands.add_parser("uninstall-kernel", help="remove the Clamor kernelspec")
     rm.add_argument("--name", default=DEFAULT_NAME, help=f"kernel name (default: {DEFAULT_NAME})")
     return parser
@@ -120,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         user = not (args.system or prefix)
         path = install(args.name, user=user, prefix=prefix, display_name=args.display_name)
         print(f"Installed kernelspec {args.name} in {path}")
+        if not args.no_server_extension:
+            config = enable_server_extension(user=user, prefix=prefix)
+            print(f"Enabled the jupyter-server extension clamor.extension in {config}")
         return 0
     if args.command == "uninstall-kernel":
         path = uninstall(args.name)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clamor.kernel import arena_default, session
+from clamor.kernel import arena_default, cluster_registry, session
 from clamor.kernel.lazy import LazyCluster
 from clamor.runtime import arena
 from ipykernel.ipkernel import IPythonKernel
@@ -57,6 +57,7 @@ class ClamorKernel(IPythonKernel):
         arena.configure(arena_size=self.arena_size, page_size=self.page_size)
         arena.get_arena()
         self.shell.push({"clamor": clamor, "cluster": LazyCluster()}, interactive=False)
+        cluster_registry.watch(self.shell)  # so the server extension finds the user's clusters
         try:
             from clamor.kernel.magics import load_ipython_extension
 

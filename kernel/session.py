@@ -13,6 +13,8 @@ the kernel, the magics and the widgets share it through this module::
 ``config`` holds the settings of ``%clamor config``; :data:`OPTIONS` describes them.
 The cluster options (``transport``, ``speculation``, ...) apply at the next
 :func:`start`. The cluster is closed at interpreter exit (``atexit``), quietly.
+In a kernel a Jupyter server started, the current cluster is registered for the
+server's dashboards and REST API while it runs (:mod:`clamor.kernel.cluster_registry`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from clamor.kernel import cluster_registry
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.errors import ClamorError
 
@@ -172,6 +175,7 @@ def current() -> Cluster | None:
     global _cluster
     with _lock:
         if _cluster is not None and not _is_open(_cluster):
+            cluster_registry.withdraw(_cluster)
             _cluster = None
         return _cluster
 
@@ -204,6 +208,7 @@ def _start(workers: int | None, options: dict[str, Any]) -> Cluster:
         close()
         global _cluster
         _cluster = Cluster(workers or default_workers(), **kwargs)
+        cluster_registry.publish(_cluster)  # the server's dashboards find it (extension/)
         return _cluster
 
 
@@ -217,6 +222,7 @@ def use(cluster: Cluster) -> Cluster:
     global _cluster
     with _lock:
         _cluster = cluster
+    cluster_registry.publish(cluster)
     return cluster
 
 
@@ -226,6 +232,7 @@ def close() -> None:
     with _lock:
         cluster, _cluster = _cluster, None
     if cluster is not None:
+        cluster_registry.withdraw(cluster)
         cluster.close()
 
 
