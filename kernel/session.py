@@ -130,6 +130,9 @@ OPTIONS: dict[str, Option] = {
     "timeout": Option(60.0, _number(float, 0.1, False, "a number of seconds > 0"),
                       "seconds to wait for the workers to start", True),
     "log_dir": Option(None, _path, "where worker logs go (none: the kernel's output)", True),
+    "host": Option("127.0.0.1", str, "address the scheduler and page server listen on "
+                   "(one that remote workers can reach)", True),
+    "tls": Option(False, _boolean, "mutual TLS on gRPC and the page protocol (multi-host)", True),
 }  # fmt: skip
 
 #: The current settings (read freely; change them with :func:`set_config`).
@@ -162,8 +165,31 @@ def reset_config() -> None:
 
 
 def default_workers() -> int:
-    """How many workers :func:`get` starts: ``config["workers"]`` or one per core."""
-    return config["workers"] or os.cpu_count() or 1
+    """How many workers :func:`get` starts: ``config["workers"]``, else the
+    ``CLAMOR_WORKERS`` environment variable (set by a deployment, e.g. JupyterHub),
+    else one per core this process may use (a container's CPU quota included)."""
+    if config["workers"]:
+        return config["workers"]
+    env = os.environ.get("CLAMOR_WORKERS", "").strip()
+    if env:
+        try:
+            return OPTIONS["workers"].check(env) or usable_cores()
+        except ValueError as exc:
+            raise ValueError(f"CLAMOR_WORKERS={env!r}: expected {exc}") from None
+    return usable_cores()
+
+
+def usable_cores() -> int:
+    """Cores this process may run on, capped by a cgroup v2 CPU quota (containers)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores or 1, max(1, int(int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores or 1
 
 
 def _is_open(cluster: Cluster | None) -> bool:

@@ -162,7 +162,7 @@ c.Spawner.env_keep = [
     "CONDA_DEFAULT_ENV", "CONDA_ROOT", "JUPYTERHUB_SINGLEUSER_APP", "LANG", "LC_ALL",
     "LD_LIBRARY_PATH", "PATH", "PYTHONPATH", "VIRTUAL_ENV",
     "JUPYTER_PATH", "JUPYTER_CONFIG_PATH",
-    "CLAMOR_ARENA_SIZE", "CLAMOR_PAGE_SIZE", "CLAMOR_LOG_LEVEL",
+    "CLAMOR_ARENA_SIZE", "CLAMOR_PAGE_SIZE", "CLAMOR_LOG_LEVEL", "CLAMOR_WORKERS",
 ]  # fmt: skip
 
 # --- the shared worker pool (optional): a Dask cluster the kernels borrow workers from ---
