@@ -28,6 +28,7 @@ from clamor.runtime.errors import (
     WorkerLostError,
 )
 from clamor.runtime.shipping import ArenaRef
+from clamor.runtime.ssh_launcher import SSHLauncher
 
 __version__ = "0.1.0"
 
@@ -50,6 +51,7 @@ __all__ = [
     "DaskLauncher",
     "Dataset",
     "MissingPartitionError",
+    "SSHLauncher",
     "SerializationError",
     "TaskError",
     "WorkerLostError",

@@ -339,8 +339,9 @@ class Cluster(DatasetSources):
     def _how_lost(self, worker: _Worker, error: grpc.RpcError | None = None) -> str:
         """Describe a lost worker's end; a local worker that still runs is killed first."""
         if not worker.local:
+            silent = time.monotonic() - worker.last_heartbeat
             how = (
-                f"no heartbeat for {HEARTBEAT_TIMEOUT:g} s"
+                f"no heartbeat for {silent:.1f} s"
                 if error is None
                 else f"unreachable ({error.code().name}: {error.details()})"
             )

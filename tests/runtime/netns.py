@@ -1,0 +1,308 @@
+"""Simulated hosts for multi-host tests: Linux network namespaces on one machine.
+
+:class:`Network` builds a bridge in the root namespace (the driver's address,
+``198.51.100.1/24``, from TEST-NET-2, which is never routed) and one namespace per
+host, each joined to the bridge by a veth pair (``198.51.100.11``, ``.12``, ...).
+:meth:`Network.start_sshd` runs an OpenSSH server in a host's namespace that accepts
+one generated ed25519 client key for root; :meth:`Network.rate_limit` shapes a
+host's link with ``tc``; :meth:`Network.cut` takes it down (the host becomes
+unreachable, as after a switch or cable failure). :meth:`Network.close` removes it
+all, processes in the namespaces included, and checks nothing is left.
+
+Needs root, ``ip``, ``tc``, ``ssh``, ``ssh-keygen`` and ``/usr/sbin/sshd``;
+:func:`missing_requirements` says what is missing. Names carry the creating
+process's id, and leftovers of dead processes are removed first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Self
+
+SUBNET = "198.51.100"
+DRIVER_ADDRESS = f"{SUBNET}.1"
+SSHD = "/usr/sbin/sshd"
+_NS_RE = re.compile(r"^clamor-(\d+)-h\d+$")
+_LINK_RE = re.compile(r"^cl(?:br|v|p)(\d+)(?:h\d+)?$")
+
+
+def missing_requirements() -> str | None:
+    """Why namespaced hosts cannot be built here (``None``: they can)."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, veth pairs, tc, sshd)"
+    for tool in ("ip", "tc", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"needs {tool!r} on PATH"
+    if not os.access(SSHD, os.X_OK):
+        return f"needs the OpenSSH server at {SSHD}"
+    probe = f"clamor-{os.getpid()}-probe"
+    done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return f"cannot create network namespaces: {done.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
+    return None
+
+
+def run(*command: str, check: bool = True, timeout: float = 30) -> str:
+    """Run a command; its stdout. A failure raises with the command's stderr."""
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _namespace_names() -> list[str]:
+    return [line.split()[0] for line in run("ip", "netns", "list").splitlines() if line.strip()]
+
+
+def _link_names() -> list[str]:
+    names = []
+    for line in run("ip", "-o", "link", "show").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) >= 2:
+            names.append(parts[1].strip().split("@")[0])
+    return names
+
+
+def _kill_namespace_processes(ns: str, timeout: float = 10.0) -> None:
+    """SIGKILL every process in namespace ``ns`` and wait until none is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = [int(p) for p in run("ip", "netns", "pids", ns, check=False).split()]
+        if not pids:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {pids} in namespace {ns} do not die")
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+def remove_stale() -> None:
+    """Remove namespaces and links left by test processes that no longer run."""
+    for ns in _namespace_names():
+        m = _NS_RE.match(ns)
+        if m and not _pid_running(int(m.group(1))):
+            _kill_namespace_processes(ns)
+            run("ip", "netns", "del", ns, check=False)
+    for link in _link_names():
+        m = _LINK_RE.match(link)
+        if m and not _pid_running(int(m.group(1))):
+            run("ip", "link", "del", link, check=False)
+
+
+@dataclasses.dataclass
+class Host:
+    """One simulated machine: a namespace, its address and the root side of its link."""
+
+    index: int
+    ns: str
+    address: str
+    veth: str  # root-namespace end (on the bridge)
+    peer: str  # the end inside the namespace
+    sshd: subprocess.Popen | None = None
+
+    def run(self, *command: str, check: bool = True, timeout: float = 30) -> str:
+        """Run ``command`` inside this host's namespace."""
+        return run("ip", "netns", "exec", self.ns, *command, check=check, timeout=timeout)
+
+
+class Network:
+    """A bridge with ``hosts`` namespaced hosts on ``198.51.100.0/24`` (a context manager).
+
+    ``workdir``: where keys, sshd configs and logs go.
+    """
+
+    def __init__(self, hosts: int, workdir: str | os.PathLike) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        pid = os.getpid()
+        self.bridge = f"clbr{pid}"
+        self.driver_address = DRIVER_ADDRESS
+        self.hosts = [
+            Host(i, f"clamor-{pid}-h{i}", f"{SUBNET}.{11 + i}", f"clv{pid}h{i}", f"clp{pid}h{i}")
+            for i in range(hosts)
+        ]
+        self.client_key = self.workdir / "client_ed25519"
+        self._made_run_sshd = False
+        self._closed = False
+        remove_stale()
+        in_use = run("ip", "-o", "addr", "show", "to", f"{SUBNET}.0/24").strip()
+        if in_use:
+            raise RuntimeError(f"{SUBNET}.0/24 is already in use here: {in_use}")
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        run("ip", "link", "add", self.bridge, "type", "bridge")
+        run("ip", "addr", "add", f"{self.driver_address}/24", "dev", self.bridge)
+        run("ip", "link", "set", self.bridge, "up")
+        for h in self.hosts:
+            run("ip", "netns", "add", h.ns)
+            run("ip", "link", "add", h.veth, "type", "veth", "peer", "name", h.peer)
+            run("ip", "link", "set", h.peer, "netns", h.ns)
+            run("ip", "link", "set", h.veth, "master", self.bridge)
+            run("ip", "link", "set", h.veth, "up")
+            run("ip", "-n", h.ns, "link", "set", "lo", "up")
+            run("ip", "-n", h.ns, "addr", "add", f"{h.address}/24", "dev", h.peer)
+            run("ip", "-n", h.ns, "link", "set", h.peer, "up")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- links ---
+
+    def rate_limit(self, host: Host, rate: str = "100mbit") -> None:
+        """Shape ``host``'s link both ways with a token bucket (``tc ... tbf``)."""
+        shape = ["root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"]
+        run("tc", "qdisc", "add", "dev", host.veth, *shape)
+        run("ip", "netns", "exec", host.ns, "tc", "qdisc", "add", "dev", host.peer, *shape)
+
+    def qdisc(self, host: Host) -> str:
+        """``tc qdisc show`` of ``host``'s root-side link."""
+        return run("tc", "qdisc", "show", "dev", host.veth)
+
+    def cut(self, host: Host) -> None:
+        """Take ``host``'s link down: nothing gets in or out of it any more."""
+        run("ip", "link", "set", host.veth, "down")
+
+    def heal(self, host: Host) -> None:
+        """Bring ``host``'s link back up."""
+        run("ip", "link", "set", host.veth, "up")
+
+    # --- sshd ---
+
+    def _keys(self) -> None:
+        if self.client_key.exists():
+            return
+        for key in (self.client_key, self.workdir / "host_ed25519"):
+            run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "clamor-test", "-f", str(key))
+        (self.workdir / "authorized_keys").write_text(
+            self.client_key.with_suffix(".pub").read_text()
+        )
+
+    def start_sshd(self, host: Host, timeout: float = 10.0) -> None:
+        """Run an sshd on ``host``'s address that lets the client key log in as root."""
+        self._keys()
+        if not os.path.isdir("/run/sshd"):  # the privilege separation directory
+            os.makedirs("/run/sshd", mode=0o755)
+            self._made_run_sshd = True
+        config = self.workdir / f"sshd_{host.index}.conf"
+        config.write_text(
+            "\n".join([
+                f"ListenAddress {host.address}",
+                "Port 22",
+                f"HostKey {self.workdir / 'host_ed25519'}",
+                f"PidFile {self.workdir / f'sshd_{host.index}.pid'}",
+                f"AuthorizedKeysFile {self.workdir / 'authorized_keys'}",
+                "PermitRootLogin prohibit-password",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "StrictModes no",
+                "UsePAM no",
+                "PrintMotd no",
+                "MaxStartups 64",
+                "MaxSessions 64",
+                "",
+            ])
+        )  # fmt: skip
+        log = open(self.workdir / f"sshd_{host.index}.log", "ab")  # noqa: SIM115
+        with log:
+            host.sshd = subprocess.Popen(
+                ["ip", "netns", "exec", host.ns, SSHD, "-D", "-e", "-f", str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            if host.sshd.poll() is not None:
+                raise RuntimeError(
+                    f"sshd in {host.ns} exited ({host.sshd.returncode}): {self.sshd_log(host)}"
+                )
+            try:
+                with socket.create_connection((host.address, 22), timeout=1.0) as s:
+                    if s.recv(4).startswith(b"SSH-"):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd in {host.ns} does not accept connections")
+            time.sleep(0.05)
+
+    def sshd_log(self, host: Host) -> str:
+        path = self.workdir / f"sshd_{host.index}.log"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    def ssh_options(self) -> list[str]:
+        """``-o`` options for a client of these test sshds (throwaway host keys)."""
+        return ["UserKnownHostsFile=/dev/null", "StrictHostKeyChecking=no", "LogLevel=ERROR"]
+
+    # --- teardown ---
+
+    def close(self) -> None:
+        """Stop the sshds and every process in the namespaces; delete namespaces, links,
+        qdiscs and the bridge; raise if any of them is still there."""
+        if self._closed:
+            return
+        self._closed = True
+        errors = []
+        for h in self.hosts:
+            if h.sshd is not None and h.sshd.poll() is None:
+                h.sshd.kill()
+                h.sshd.wait(10)
+            if h.ns in _namespace_names():
+                try:
+                    _kill_namespace_processes(h.ns)
+                except RuntimeError as exc:
+                    errors.append(str(exc))
+                run("ip", "netns", "del", h.ns, check=False)
+            if h.veth in _link_names():
+                run("tc", "qdisc", "del", "dev", h.veth, "root", check=False)
+                run("ip", "link", "del", h.veth, check=False)
+        if self.bridge in _link_names():
+            run("ip", "link", "del", self.bridge, check=False)
+        if self._made_run_sshd:
+            try:
+                os.rmdir("/run/sshd")
+            except OSError:
+                pass
+        if left := self.leftovers():
+            errors.append(f"left behind: {', '.join(left)}")
+        if errors:
+            raise RuntimeError("; ".join(errors))
+
+    def leftovers(self) -> list[str]:
+        """Namespaces and links of this network that still exist (empty after close)."""
+        names, links = set(_namespace_names()), set(_link_names())
+        return [h.ns for h in self.hosts if h.ns in names] + [
+            n for n in [self.bridge, *(h.veth for h in self.hosts)] if n in links
+        ]
