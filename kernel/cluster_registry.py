@@ -29,11 +29,12 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import psutil
 from clamor.runtime.credentials import Credentials
 
 logger = logging.getLogger("clamor.kernel.registry")
 
-__all__ = ["Entry", "entry_path", "kernel_id", "pid_alive", "publish", "read_entries", "refresh",
+__all__ = ["Entry", "entry_path", "kernel_id", "publish", "read_entries", "refresh",
            "registry_dir", "watch", "withdraw"]  # fmt: skip
 
 PREFIX = "clamor-cluster-"
@@ -55,7 +56,7 @@ class Entry:
     @property
     def alive(self) -> bool:
         """Whether the kernel process that wrote the entry still runs."""
-        return pid_alive(self.pid)
+        return psutil.pid_exists(self.pid)
 
 
 def registry_dir() -> Path:
@@ -82,16 +83,6 @@ def kernel_id() -> str | None:
     if name.startswith("kernel-") and name.endswith(".json") and len(name) > 12:
         return name[len("kernel-"):-len(".json")]
     return None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --- the kernel side ---

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Self
 
+import psutil
+
 SUBNET = "198.51.100"
 DRIVER_ADDRESS = f"{SUBNET}.1"
 SSHD = "/usr/sbin/sshd"
@@ -57,16 +59,6 @@ def run(*command: str, check: bool = True, timeout: float = 30) -> str:
     if check and done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout
-
-
-def _pid_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _namespace_names() -> list[str]:
@@ -103,12 +95,12 @@ def remove_stale() -> None:
     """Remove namespaces and links left by test processes that no longer run."""
     for ns in _namespace_names():
         m = _NS_RE.match(ns)
-        if m and not _pid_running(int(m.group(1))):
+        if m and not psutil.pid_exists(int(m.group(1))):
             _kill_namespace_processes(ns)
             run("ip", "netns", "del", ns, check=False)
     for link in _link_names():
         m = _LINK_RE.match(link)
-        if m and not _pid_running(int(m.group(1))):
+        if m and not psutil.pid_exists(int(m.group(1))):
             run("ip", "link", "del", link, check=False)
 
 

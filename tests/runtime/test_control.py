@@ -27,7 +27,7 @@ from clamor.runtime.errors import (
     WorkerLostError,
 )
 from clamor.runtime.exitcodes import EXIT_DRIVER_UNREACHABLE
-from clamor.runtime.launcher import LocalLauncher
+from clamor.runtime.launcher import LocalLauncher, worker_command
 from clamor.runtime.paging_api import NullDriverPaging
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
@@ -310,16 +310,7 @@ def _free_port() -> int:
 
 
 def _worker_command(connect: str, token_file: str, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "clamor.runtime.worker",
-        "--connect",
-        connect,
-        "--token-file",
-        token_file,
-        *extra,
-    ]
+    return worker_command(connect, token_file) + list(extra)
 
 
 def test_worker_exits_70_when_driver_unreachable(tmp_path):
