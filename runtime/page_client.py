@@ -3,7 +3,9 @@
 The workers' fault handler speaks the protocol natively; this client exists
 for tests, benchmarks and debugging: it authenticates like a worker, asks for
 pages and reports the raw replies, so a test can send exactly the malformed
-or unauthorised request it wants.
+or unauthorised request it wants. With ``tls`` (the cluster's
+:class:`~clamor.runtime.credentials.TLSMaterial`) it speaks mutual TLS first,
+like the workers do on a TLS cluster.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ import hashlib
 import hmac
 import os
 import socket
+import ssl
 import struct
+import tempfile
 from dataclasses import dataclass
 from typing import Self
+
+from clamor.runtime.credentials import TLS_SERVER_NAME, TLSMaterial
 
 MAGIC = 0x504D4C43
 VERSION = 1
@@ -54,12 +60,49 @@ def pack(type_: int, page: int = 0, epoch: int = 0, aux: int = 0, flags: int = 0
     return HEADER.pack(magic, version, type_, page, epoch, aux, flags, aux2, length)
 
 
-class PageClient:
-    """One authenticated connection to a page server."""
+def tls_context(tls: TLSMaterial) -> ssl.SSLContext:
+    """A client context presenting the cluster certificate and trusting only the cluster CA."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_verify_locations(cadata=tls.ca.decode())
+    # ssl loads a certificate chain only from files: a private directory, gone at once.
+    with tempfile.TemporaryDirectory(prefix="clamor-tls-") as tmp:
+        cert, key = f"{tmp}/cert.pem", f"{tmp}/key.pem"
+        for path, pem in ((cert, tls.cert), (key, tls.key)):
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+                f.write(pem)
+        context.load_cert_chain(cert, key)
+    return context
 
-    def __init__(self, host: str, port: int, token: bytes, client_id: int = ANY_CLIENT, timeout: float = 10.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+def connect(host: str, port: int, *, tls: TLSMaterial | ssl.SSLContext | None = None,
+            timeout: float = 10.0) -> socket.socket:
+    """A TCP (or, with ``tls``, TLS) connection to a page server, before the token handshake."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if tls is None:
+        return sock
+    context = tls if isinstance(tls, ssl.SSLContext) else tls_context(tls)
+    try:
+        return context.wrap_socket(sock, server_hostname=TLS_SERVER_NAME)
+    except BaseException:
+        sock.close()
+        raise
+
+
+class PageClient:
+    """One authenticated connection to a page server (``tls``: material or a ready context)."""
+
+    def __init__(self, host: str, port: int, token: bytes, client_id: int = ANY_CLIENT, timeout: float = 10.0,
+                 *, tls: TLSMaterial | ssl.SSLContext | None = None):
+        self.sock = connect(host, port, tls=tls, timeout=timeout)
+        try:
+            self._authenticate(token, client_id)
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def _authenticate(self, token: bytes, client_id: int) -> None:
         hello = self._recv_header()
         if hello.type != HELLO or len(hello.data) != NONCE:
             raise PageProtocolError(f"expected HELLO, got type {hello.type}")
@@ -78,7 +121,10 @@ class PageClient:
     def _recv_exact(self, n: int) -> bytes:
         chunks, got = [], 0
         while got < n:
-            chunk = self.sock.recv(n - got)
+            try:
+                chunk = self.sock.recv(n - got)
+            except ssl.SSLEOFError:  # closed without a TLS close_notify
+                chunk = b""
             if not chunk:
                 raise PageProtocolError("connection closed by the page server")
             chunks.append(chunk)

@@ -34,6 +34,25 @@ def _struct_dict(cdata: Any, ctype: str) -> dict[str, int]:
     return {name: int(getattr(cdata, name)) for name, _ in ffi.typeof(ctype).fields}
 
 
+def _tls_pem(tls: TLSMaterial | None) -> tuple[Any, list]:
+    """A ``clamor_tls_pem *`` for the native side (NULL without TLS) and the buffers it points into."""
+    if tls is None:
+        return ffi.NULL, []
+    if not isinstance(tls, TLSMaterial):
+        raise TypeError(f"tls must be a TLSMaterial or None, not {type(tls).__name__}")
+    parts = []
+    for name in ("ca", "cert", "key"):
+        pem = getattr(tls, name)
+        if not isinstance(pem, bytes) or b"-----BEGIN" not in pem:
+            raise ValueError(f"TLS {name} must be PEM bytes")
+        parts.append(ffi.from_buffer(pem))
+    pem = ffi.new("clamor_tls_pem *")
+    pem.ca, pem.ca_len = parts[0], len(parts[0])
+    pem.cert, pem.cert_len = parts[1], len(parts[1])
+    pem.key, pem.key_len = parts[2], len(parts[2])
+    return pem, parts
+
+
 def _is_local(host: str) -> bool:
     """True when `host` names this machine (so shared memory can be used)."""
     if host in ("127.0.0.1", "localhost", socket.gethostname()):
@@ -48,6 +67,8 @@ class DriverPager:
     """The driver's pager: versions, write tracking, directory and page server.
 
     One per process (the native side is a singleton), owned by a `Cluster`.
+    With ``tls``, every page-protocol connection in the cluster (to the driver
+    and between workers) is mutual TLS with the cluster CA, then the token.
     """
 
     def __init__(
@@ -61,8 +82,6 @@ class DriverPager:
         readahead: bool = True,
         tls: TLSMaterial | None = None,
     ) -> None:
-        if tls is not None:
-            raise PagingError("TLS on the page protocol is not available yet")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if not token:
@@ -78,9 +97,11 @@ class DriverPager:
         self.host, self.transport = host, transport
         self.readahead = readahead
         self._token = bytes(token)
+        self.tls = tls
+        pem, _keep = _tls_pem(tls)
         err = ffi.new("char[]", _ERRLEN)
         port = lib.clamor_driver_start(
-            self.page_size, self._token, len(self._token), host.encode(), 0, int(replication), err, _ERRLEN
+            self.page_size, self._token, len(self._token), host.encode(), 0, int(replication), pem, err, _ERRLEN
         )
         if port < 0:
             raise PagingError(f"cannot start the driver pager: {ffi.string(err).decode()}")
@@ -99,6 +120,8 @@ class DriverPager:
             "bind_host": host,
             "readahead": self.readahead,
         }
+        if self.tls is not None:  # the config travels over the (then TLS) control plane
+            config["page_tls"] = self.tls.to_json()
         if self.transport == "shm" or (self.transport == "auto" and _is_local(host)):
             pid = os.getpid()
             config["shm_arena_path"] = f"/proc/{pid}/fd/{lib.clamor_arena_fd()}"
@@ -194,6 +217,8 @@ class WorkerPager:
         self.arena_size = int(config["arena_size"])
         self.bind_host = config.get("bind_host", "127.0.0.1")
         token = bytes.fromhex(config["page_token"])
+        tls = TLSMaterial.from_json(config["page_tls"]) if config.get("page_tls") else None
+        pem, _keep = _tls_pem(tls)
         err = ffi.new("char[]", _ERRLEN)
         shm_arena = (config.get("shm_arena_path") or "").encode()
         shm_state = (config.get("shm_state_path") or "").encode()
@@ -201,12 +226,13 @@ class WorkerPager:
             worker_id, self.arena_size, self.page_size, token, len(token),
             config["driver_host"].encode(), int(config["driver_page_port"]),
             shm_arena, shm_state, self.bind_host.encode(), int(bool(config.get("readahead", True))),
-            err, _ERRLEN,
+            pem, err, _ERRLEN,
         )  # fmt: skip
         if port < 0:
             raise PagingError(f"worker {worker_id}: cannot start the pager: {ffi.string(err).decode()}")
         self.port = int(port)
         self.uses_shm = bool(shm_arena)
+        self.tls = tls is not None
         base = lib.clamor_worker_base()
         view = np.frombuffer(ffi.buffer(base, self.arena_size), dtype=np.uint8)
         view.flags.writeable = False
@@ -214,7 +240,7 @@ class WorkerPager:
         _worker_pager = self
 
     def info(self) -> dict:
-        return {"host": self.bind_host, "page_port": self.port, "shm": self.uses_shm}
+        return {"host": self.bind_host, "page_port": self.port, "shm": self.uses_shm, "tls": self.tls}
 
     def begin_task(self, epoch: int) -> None:
         lib.clamor_worker_begin_task(epoch)

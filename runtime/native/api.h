@@ -45,6 +45,20 @@ void *clamor_numpy_handler_push(void);
 void *clamor_numpy_handler_push_large(uint64_t min_bytes);
 int clamor_numpy_handler_pop(void *previous);
 
+/* ------------------------------------------------------------------ TLS --
+ * Optional mutual TLS on every page-protocol connection: the cluster CA, and
+ * the certificate and private key every server and client presents (PEM text
+ * in memory, not necessarily NUL-terminated). Pass NULL for plaintext. */
+
+typedef struct {
+    const char *ca;
+    size_t ca_len;
+    const char *cert;
+    size_t cert_len;
+    const char *key;
+    size_t key_len;
+} clamor_tls_pem;
+
 /* ----------------------------------------------------------- driver pager --
  * Write tracking, page versions, the version log, the directory of which
  * worker holds which page, and the driver's page server thread. */
@@ -70,7 +84,7 @@ typedef struct {
 
 int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_len,
                         const char *bind_host, int port, int replication,
-                        char *err, size_t errlen);
+                        const clamor_tls_pem *tls, char *err, size_t errlen);
 int clamor_driver_port(void);
 int clamor_driver_state_fd(void);
 void clamor_driver_stop(void);
@@ -123,7 +137,7 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,
                         const char *driver_host, int driver_port,
                         const char *shm_arena_path, const char *shm_state_path,
                         const char *bind_host, int readahead,
-                        char *err, size_t errlen);
+                        const clamor_tls_pem *tls, char *err, size_t errlen);
 void *clamor_worker_base(void);
 int clamor_worker_port(void);
 void clamor_worker_begin_task(uint32_t epoch);

@@ -23,6 +23,7 @@ SOURCES = [
     "page_server.c",
     "driver_pager.c",
     "worker_pager.c",
+    "tls.c",
 ]
 
 
@@ -39,7 +40,7 @@ ffibuilder.set_source(
     # setuptools insists on sources relative to setup.py's directory.
     sources=[os.path.relpath(HERE / name) for name in SOURCES],
     include_dirs=[str(HERE), numpy.get_include()],
-    libraries=["crypto", "pthread"],
+    libraries=["ssl", "crypto", "pthread"],
     # numpy's headers need the full C API; cffi defaults to the limited one.
     define_macros=[("_CFFI_NO_LIMITED_API", None), ("_GNU_SOURCE", None)],
     extra_compile_args=["-O2", "-Wall", "-Wno-unused-function", "-std=gnu11"],

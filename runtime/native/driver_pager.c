@@ -64,6 +64,7 @@ static struct {
     peer peers[CL_MAX_WORKERS];
     uint64_t redirect_load[CL_MAX_WORKERS];
     cl_server *server;
+    cl_tls_ctx *tls; /* NULL: plaintext page protocol */
     clamor_driver_stats st;
 } D;
 
@@ -334,12 +335,14 @@ static void free_tables(void) {
     if (D.state_fd >= 0) close(D.state_fd);
     if (D.uffd >= 0) close(D.uffd); /* also lifts every write protection */
     if (D.stop_efd >= 0) close(D.stop_efd);
+    cl_tls_free(D.tls);
     memset(&D, 0, sizeof D);
     D.uffd = D.stop_efd = D.state_fd = -1;
 }
 
 int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_len,
-                        const char *bind_host, int port, int replication, char *err, size_t errlen) {
+                        const char *bind_host, int port, int replication, const clamor_tls_pem *tls,
+                        char *err, size_t errlen) {
     if (D.running) return CL_ERR("the driver pager is already running");
     if (!clamor_arena_exists()) return CL_ERR("the arena does not exist yet");
     if (!cl_is_pow2(page_size) || page_size < 4096 || page_size > (8u << 20))
@@ -347,6 +350,10 @@ int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_l
                       (unsigned long long)page_size);
     memset(&D, 0, sizeof D);
     D.uffd = D.stop_efd = D.state_fd = -1;
+    if (tls) {
+        D.tls = cl_tls_new(tls->ca, tls->ca_len, tls->cert, tls->cert_len, tls->key, tls->key_len, err, errlen);
+        if (!D.tls) return -1;
+    }
     D.base = clamor_arena_base();
     D.ps = page_size;
     D.npages = clamor_arena_size() / page_size;
@@ -393,7 +400,7 @@ int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_l
         .pages_served = &D.st.pages_served, .bytes_served = &D.st.bytes_served,
         .auth_failures = &D.st.auth_failures, .bad_requests = &D.st.bad_requests,
     };
-    D.server = cl_server_start(bind_host, port, token, token_len, &svc, err, errlen);
+    D.server = cl_server_start(bind_host, port, token, token_len, D.tls, &svc, err, errlen);
     if (!D.server) {
         uint64_t one = 1;
         if (write(D.stop_efd, &one, sizeof one) < 0) {}

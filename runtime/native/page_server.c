@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define IDLE_TIMEOUT_MS (24 * 3600 * 1000) /* connections are long-lived */
@@ -17,6 +18,7 @@
 typedef struct conn {
     pthread_t thread;
     int fd;
+    char ip[INET_ADDRSTRLEN]; /* the client's, for log lines */
     atomic_int done;
     struct cl_server *server;
     struct conn *next;
@@ -26,6 +28,7 @@ struct cl_server {
     int listen_fd, port;
     uint8_t *token;
     size_t token_len;
+    cl_tls_ctx *tls; /* NULL: plaintext */
     cl_service svc;
     pthread_t acceptor;
     pthread_mutex_t lock;
@@ -80,19 +83,44 @@ static int serve_get(cl_server *s, int fd, uint32_t client, const cl_msg *req, u
     return 0;
 }
 
+/* Logs a refused connection; at most LOG_BURST lines per LOG_WINDOW seconds,
+ * so a flood of bad clients cannot flood the log. */
+#define LOG_BURST 10
+#define LOG_WINDOW 10
+static void log_refusal(const char *ip, const char *why) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static time_t window;
+    static unsigned logged, suppressed;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    pthread_mutex_lock(&lock);
+    if (now.tv_sec - window >= LOG_WINDOW) window = now.tv_sec, logged = 0;
+    int show = logged < LOG_BURST;
+    unsigned skipped = show ? suppressed : 0;
+    if (show) logged++, suppressed = 0;
+    else suppressed++;
+    pthread_mutex_unlock(&lock);
+    if (!show) return;
+    if (skipped)
+        cl_log("page server: refused a connection from %s: %s (%u similar messages suppressed)", ip, why, skipped);
+    else
+        cl_log("page server: refused a connection from %s: %s", ip, why);
+}
+
 static void *conn_main(void *arg) {
     conn *c = arg;
     cl_server *s = c->server;
     uint32_t client = CL_ANY_CLIENT;
+    char why[300] = "authentication failed", reason[256];
     cl_set_timeouts(c->fd, HANDSHAKE_TIMEOUT_MS);
-    if (cl_server_handshake(c->fd, s->token, s->token_len, &client)) {
+    int refused = 0;
+    if (s->tls && cl_tls_accept(s->tls, c->fd, reason, sizeof reason)) {
+        snprintf(why, sizeof why, "TLS handshake failed: %s", reason);
+        refused = 1;
+    }
+    if (refused || cl_server_handshake(c->fd, s->token, s->token_len, &client)) {
         if (!atomic_load(&s->stopping)) {
-            struct sockaddr_in sa;
-            socklen_t sl = sizeof sa;
-            char ip[INET_ADDRSTRLEN] = "?";
-            if (getpeername(c->fd, (struct sockaddr *)&sa, &sl) == 0)
-                inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
-            cl_log("page server: refused a connection from %s: authentication failed", ip);
+            log_refusal(c->ip, why);
             count(s->svc.auth_failures, 1);
         }
         goto out;
@@ -122,7 +150,7 @@ static void *conn_main(void *arg) {
     }
     free(buf);
 out:
-    shutdown(c->fd, SHUT_RDWR);
+    cl_hangup(c->fd);
     atomic_store(&c->done, 1);
     return NULL;
 }
@@ -135,7 +163,7 @@ static void reap(cl_server *s, int all) {
         if (all || atomic_load(&c->done)) {
             if (all) shutdown(c->fd, SHUT_RDWR);
             pthread_join(c->thread, NULL);
-            close(c->fd);
+            cl_close(c->fd);
             *pp = c->next;
             free(c);
         } else {
@@ -147,7 +175,9 @@ static void reap(cl_server *s, int all) {
 static void *accept_main(void *arg) {
     cl_server *s = arg;
     for (;;) {
-        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        struct sockaddr_in sa;
+        socklen_t sl = sizeof sa;
+        int fd = accept4(s->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC);
         if (atomic_load(&s->stopping)) {
             if (fd >= 0) close(fd);
             break;
@@ -166,6 +196,7 @@ static void *accept_main(void *arg) {
         }
         c->fd = fd;
         c->server = s;
+        if (!inet_ntop(AF_INET, &sa.sin_addr, c->ip, sizeof c->ip)) strcpy(c->ip, "?");
         pthread_mutex_lock(&s->lock);
         reap(s, 0);
         if (pthread_create(&c->thread, NULL, conn_main, c)) {
@@ -181,7 +212,7 @@ static void *accept_main(void *arg) {
 }
 
 cl_server *cl_server_start(const char *host, int port, const uint8_t *token, size_t token_len,
-                           const cl_service *service, char *err, size_t errlen) {
+                           cl_tls_ctx *tls, const cl_service *service, char *err, size_t errlen) {
     cl_server *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->svc = *service;
@@ -196,6 +227,8 @@ cl_server *cl_server_start(const char *host, int port, const uint8_t *token, siz
         close(s->listen_fd);
         goto fail;
     }
+    cl_tls_ref(tls);
+    s->tls = tls;
     return s;
 fail:
     free(s->token);
@@ -214,6 +247,7 @@ void cl_server_stop(cl_server *s) {
     pthread_mutex_lock(&s->lock);
     reap(s, 1);
     pthread_mutex_unlock(&s->lock);
+    cl_tls_free(s->tls);
     free(s->token);
     free(s);
 }

@@ -34,8 +34,10 @@ typedef struct {
 
 typedef struct cl_server cl_server;
 
+/* With `tls` (a reference is taken), every connection must complete mutual TLS
+ * before the token handshake; NULL serves plaintext. */
 cl_server *cl_server_start(const char *host, int port, const uint8_t *token, size_t token_len,
-                           const cl_service *service, char *err, size_t errlen);
+                           cl_tls_ctx *tls, const cl_service *service, char *err, size_t errlen);
 int cl_server_port(const cl_server *s);
 /* Closes the listener and every connection and joins all threads. */
 void cl_server_stop(cl_server *s);

@@ -30,6 +30,8 @@ void cl_log(const char *fmt, ...) {
 }
 
 int cl_send_all(int fd, const void *buf, size_t len) {
+    void *ssl = cl_tls_of(fd);
+    if (ssl) return cl_tls_write_all(ssl, buf, len);
     const char *p = buf;
     while (len > 0) {
         ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
@@ -42,6 +44,8 @@ int cl_send_all(int fd, const void *buf, size_t len) {
 }
 
 int cl_recv_all(int fd, void *buf, size_t len) {
+    void *ssl = cl_tls_of(fd);
+    if (ssl) return cl_tls_read_all(ssl, buf, len);
     char *p = buf;
     while (len > 0) {
         ssize_t n = recv(fd, p, len, MSG_WAITALL);
@@ -88,9 +92,22 @@ cl_msg cl_make(uint16_t type, uint64_t page, uint32_t epoch, uint32_t aux) {
     return m;
 }
 
+/* TLS: the header and the start of the payload go in one full record. */
+static int tls_send_msg(void *ssl, const uint8_t hdr[CL_HEADER], const cl_msg *m, const void *payload) {
+    uint8_t record[16384];
+    size_t len = payload ? m->length : 0;
+    size_t first = len < sizeof record - CL_HEADER ? len : sizeof record - CL_HEADER;
+    memcpy(record, hdr, CL_HEADER);
+    if (first) memcpy(record + CL_HEADER, payload, first);
+    if (cl_tls_write_all(ssl, record, CL_HEADER + first)) return -1;
+    return len > first ? cl_tls_write_all(ssl, (const uint8_t *)payload + first, len - first) : 0;
+}
+
 int cl_send_msg(int fd, const cl_msg *m, const void *payload) {
     uint8_t hdr[CL_HEADER];
     to_wire(m, hdr);
+    void *ssl = cl_tls_of(fd);
+    if (ssl) return tls_send_msg(ssl, hdr, m, payload);
     struct iovec iov[2] = {{hdr, CL_HEADER}, {(void *)payload, payload ? m->length : 0}};
     size_t total = CL_HEADER + iov[1].iov_len;
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = payload ? 2 : 1};

@@ -50,6 +50,8 @@ typedef struct {
 
 #define CL_HEADER 40
 
+/* Socket I/O. Each helper goes through the fd's TLS session when it has one
+ * (cl_tls_accept / cl_tls_connect), else straight to the socket. */
 int cl_send_all(int fd, const void *buf, size_t len);
 int cl_recv_all(int fd, void *buf, size_t len);
 /* Sends a header (converted to little-endian) followed by `length` payload bytes. */
@@ -67,6 +69,26 @@ void cl_set_timeouts(int fd, int timeout_ms);
 /* Handshakes: 0 on success, -1 on failure (the server also replies CL_ERROR). */
 int cl_client_handshake(int fd, const uint8_t *token, size_t token_len, uint32_t client_id);
 int cl_server_handshake(int fd, const uint8_t *token, size_t token_len, uint32_t *client_id);
+
+/* ---------------------------------------------------------------- TLS --
+ * (tls.c) Optional mutual TLS. A context holds the cluster CA, certificate and
+ * key (PEM in memory); a handshake attaches a session to the fd, which every
+ * I/O helper above then uses. Sockets that may carry TLS are ended with
+ * cl_hangup (sends close_notify, shuts the socket) and closed with cl_close. */
+#define CL_TLS_NAME "clamor-cluster" /* the name in the cluster certificate */
+typedef struct ssl_ctx_st cl_tls_ctx;
+cl_tls_ctx *cl_tls_new(const char *ca, size_t ca_len, const char *cert, size_t cert_len,
+                       const char *key, size_t key_len, char *err, size_t errlen);
+void cl_tls_ref(cl_tls_ctx *ctx);
+void cl_tls_free(cl_tls_ctx *ctx);
+/* 0 on success; -1 with the reason in `why` (the fd is left open, without TLS). */
+int cl_tls_accept(cl_tls_ctx *ctx, int fd, char *why, size_t whylen);
+int cl_tls_connect(cl_tls_ctx *ctx, int fd, char *why, size_t whylen);
+void *cl_tls_of(int fd); /* the fd's SSL session, NULL for plaintext */
+int cl_tls_write_all(void *ssl, const void *buf, size_t len);
+int cl_tls_read_all(void *ssl, void *buf, size_t len);
+void cl_hangup(int fd);
+void cl_close(int fd);
 
 void cl_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #endif

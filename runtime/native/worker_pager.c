@@ -69,6 +69,7 @@ static struct {
     uint64_t last_missing, ra_window;
     int run;
     cl_server *server;
+    cl_tls_ctx *tls; /* NULL: plaintext page protocol */
     clamor_worker_stats st;
 } W;
 
@@ -139,18 +140,26 @@ static void map_page(uint64_t p) {
 
 /* ------------------------------------------------------------ fetching -- */
 
+/* Connects to a page server: TLS first when the cluster uses it, then the token. */
 static int connect_authenticated(uint32_t ip, int port, int timeout_ms) {
     int fd = cl_connect(ip, port, timeout_ms);
     if (fd < 0) return -1;
+    char why[256];
+    if (W.tls && cl_tls_connect(W.tls, fd, why, sizeof why)) {
+        cl_log("worker %d: TLS handshake with %u.%u.%u.%u:%d failed: %s", W.id, ip >> 24, (ip >> 16) & 255,
+               (ip >> 8) & 255, ip & 255, port, why);
+        cl_close(fd);
+        return -1;
+    }
     if (cl_client_handshake(fd, W.token, W.token_len, (uint32_t)W.id)) {
-        close(fd);
+        cl_close(fd);
         return -1;
     }
     return fd;
 }
 
 static void reset_driver(void) {
-    if (W.drv_fd >= 0) close(W.drv_fd);
+    cl_close(W.drv_fd);
     W.drv_fd = -1;
 }
 
@@ -211,7 +220,7 @@ static int fetch_peer(uint32_t peer, uint32_t ip, uint32_t port, uint64_t p, uin
                       uint32_t *v, uint32_t *hi) {
     if (peer >= CL_MAX_WORKERS || peer == (uint32_t)W.id) return -1;
     int *fd = &W.peer_fd[peer];
-    if (*fd >= 0 && (W.peer_ip[peer] != ip || W.peer_port[peer] != port)) close(*fd), *fd = -1;
+    if (*fd >= 0 && (W.peer_ip[peer] != ip || W.peer_port[peer] != port)) cl_close(*fd), *fd = -1;
     if (*fd < 0) {
         *fd = connect_authenticated(ip, (int)port, PEER_TIMEOUT_MS);
         if (*fd < 0) return -1;
@@ -225,7 +234,7 @@ static int fetch_peer(uint32_t peer, uint32_t ip, uint32_t port, uint64_t p, uin
     *v = m.epoch, *hi = m.aux;
     return 0;
 broken:
-    close(*fd), *fd = -1;
+    cl_close(*fd), *fd = -1;
     return -1;
 }
 
@@ -399,7 +408,7 @@ static void *map_file(const char *path, uint64_t len) {
 int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, const uint8_t *token,
                         size_t token_len, const char *driver_host, int driver_port,
                         const char *shm_arena_path, const char *shm_state_path, const char *bind_host,
-                        int readahead, char *err, size_t errlen) {
+                        int readahead, const clamor_tls_pem *tls, char *err, size_t errlen) {
     if (W.running) return CL_ERR("the worker pager is already running");
     if (worker_id < 0 || worker_id >= CL_MAX_WORKERS)
         return CL_ERR("worker id %d is outside 0..%d", worker_id, CL_MAX_WORKERS - 1);
@@ -418,6 +427,10 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
     cl_stripes_init(&W.stripes);
     pthread_mutex_init(&W.rs_lock, NULL);
     if (cl_resolve(driver_host, &W.drv_ip)) return CL_ERR("cannot resolve the driver host %s", driver_host);
+    if (tls) {
+        W.tls = cl_tls_new(tls->ca, tls->ca_len, tls->cert, tls->cert_len, tls->key, tls->key_len, err, errlen);
+        if (!W.tls) return -1;
+    }
     W.cache_fd = memfd_create("clamor-page-cache", MFD_CLOEXEC);
     if (W.cache_fd < 0 || ftruncate(W.cache_fd, (off_t)arena_size))
         return CL_ERR("cannot create the page cache: %s", strerror(errno));
@@ -448,7 +461,7 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
         .pages_served = &W.st.pages_served, .bytes_served = &W.st.bytes_served,
         .auth_failures = &W.st.auth_failures, .bad_requests = &W.st.bad_requests,
     };
-    W.server = cl_server_start(bind_host, 0, token, token_len, &svc, err, errlen);
+    W.server = cl_server_start(bind_host, 0, token, token_len, W.tls, &svc, err, errlen);
     if (!W.server) return -1;
     W.running = 1;
     return cl_server_port(W.server);

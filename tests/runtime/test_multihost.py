@@ -153,10 +153,14 @@ def _within(seconds: float, job, cluster):
 
 
 def test_cutting_a_hosts_link_mid_job_recovers_on_the_other_host(net, tmp_path):
+    """With TLS on, as a cluster across hosts would run."""
     cut = net.hosts[1]
     ssh = launcher(net)
     try:
-        with clamor.Cluster(4, host=net.driver_address, launcher=ssh, log_dir=str(tmp_path)) as cluster:
+        with clamor.Cluster(
+            4, host=net.driver_address, launcher=ssh, log_dir=str(tmp_path), tls=True
+        ) as cluster:
+            assert all(cluster.worker_info(w)["tls"] for w in cluster.workers)
             data = _data()
 
             def block(i):

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from clamor.runtime import arena
 from clamor.runtime import page_client as pc
+from clamor.runtime import pager as pager_module
+from clamor.runtime.credentials import TLSMaterial
 from clamor.runtime.pager import DriverPager, PagingError
 
 import clamor
@@ -119,3 +121,16 @@ def test_native_exit_codes_match_the_python_names():
 def test_only_one_driver_pager_per_process(pager):
     with pytest.raises(PagingError, match="already running"):
         DriverPager(page_size=PAGE, token=TOKEN)
+
+
+def test_a_plaintext_pager_hands_workers_no_tls_material(pager):
+    config = pager.worker_config(0, "127.0.0.1")
+    assert pager.tls is None and "page_tls" not in config
+    assert config["page_token"] == TOKEN.hex()
+
+
+def test_tls_material_is_checked_before_anything_starts(pager):
+    with pytest.raises(TypeError, match="TLSMaterial"):
+        pager_module._tls_pem({"ca": "x"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="TLS key must be PEM"):
+        pager_module._tls_pem(TLSMaterial(b"-----BEGIN CERTIFICATE-----", b"-----BEGIN CERTIFICATE-----", b"key"))
