@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sys
 import threading
 import time
 
@@ -28,8 +29,19 @@ distributed = pytest.importorskip("distributed")
 NO_DASHBOARD = {"dashboard_address": ":0", "scheduler_kwargs": {"dashboard": False}}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _spawnable_main():
+    """Dask's nannies start with multiprocessing's spawn, which reads ``__main__.__spec__``;
+    IPython shells made by earlier tests in this process leave a ``__main__`` without it."""
+    with pytest.MonkeyPatch.context() as mp:
+        main = sys.modules["__main__"]
+        if not hasattr(main, "__spec__"):
+            mp.setattr(main, "__spec__", None, raising=False)
+        yield
+
+
 @pytest.fixture(scope="module")
-def dask_client():
+def dask_client(_spawnable_main):
     with distributed.LocalCluster(
         n_workers=2,
         threads_per_worker=1,
