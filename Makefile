@@ -44,10 +44,23 @@ test-fast: kernelspec
 bench-paging: $(STAMP)
 	$(PYTHON) bench/paging.py
 
-## Peer systems for bench/overhead.py (Dask distributed, Ray, ipyparallel); benchmarks only.
-.PHONY: bench-deps bench-overhead
+## Peer systems of the benchmarks (Dask distributed, Ray, ipyparallel, Redis, mpi4py with
+## OpenMPI, PySpark with Java); benchmarks only, the tests need none of them.
+.PHONY: bench-deps bench-overhead bench bench-quick
 bench-deps:
+	@command -v redis-server >/dev/null && command -v mpirun >/dev/null && command -v java >/dev/null || { \
+	  echo "installing redis-server, OpenMPI and Java (apt-get)"; \
+	  apt-get update -qq && apt-get install -y -qq redis-server openmpi-bin libopenmpi-dev \
+	    default-jre-headless >/dev/null; }
 	$(PIP) install -q -r bench/requirements.txt
+
+## Every workload side by side with its peers, then bench/results/REPORT.md.
+bench: $(STAMP) bench-deps
+	$(PYTHON) bench/run.py
+
+## A 5-minute subset: the same workloads, scaled down.
+bench-quick: $(STAMP) bench-deps
+	$(PYTHON) bench/run.py --quick
 
 ## Per-task and per-stage overhead of empty tasks, Clamor vs. Dask, Ray and ipyparallel.
 bench-overhead: $(STAMP) bench-deps

@@ -1,0 +1,98 @@
+"""The result format every peer benchmark writes, and the statistics it reports.
+
+A workload script (``bench/lookups.py``, ``bench/kdtree.py``, ...) measures each
+system in its own child process (see ``harness.py``) and saves one JSON file per
+workload with :func:`save`; ``bench/report.py`` turns all of them into
+``bench/results/REPORT.md``. Rows hold raw seconds of every repetition, so the
+report can show medians *and* spread; ratios are always ``peer / clamor`` of the
+medians (above 1: Clamor is faster).
+
+Result layout::
+
+    {"workload": "lookups", "title": "...", "quick": False,
+     "params": {...}, "page_size": 262144, "machine": {...}, "commit": "abc123",
+     "baseline": "clamor",
+     "rows": [{"system": "clamor", "case": "1%", "seconds": [..],
+               "bytes_moved": 123, "peak_worker_rss": 456, "note": ""}, ...],
+     "goals": [{"goal": "at 1 %: >= 10x faster than every peer", "value": 12.3,
+                "target": 10.0, "met": True, "why": ""}],
+     "plots": ["lookups.png"]}
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import psutil
+from machine import git, machine
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def row(system: str, case: str, seconds: Iterable[float], *, bytes_moved: int | None = None,
+        peak_worker_rss: int | None = None, note: str = "", **extra: Any) -> dict[str, Any]:
+    """One measured (system, case): every repetition's seconds and what it moved."""
+    return {"system": system, "case": case, "seconds": [float(s) for s in seconds],
+            "bytes_moved": bytes_moved, "peak_worker_rss": peak_worker_rss, "note": note, **extra}  # fmt: skip
+
+
+def unavailable(system: str, case: str, why: str) -> dict[str, Any]:
+    """A row for a peer that could not run here (the report says why)."""
+    return row(system, case, [], note=f"unavailable: {why}")
+
+
+def median(seconds: list[float]) -> float | None:
+    return statistics.median(seconds) if seconds else None
+
+
+def spread(seconds: list[float]) -> tuple[float, float] | None:
+    """(min, max) of the repetitions: the variance the report shows."""
+    return (min(seconds), max(seconds)) if seconds else None
+
+
+def ratio(result: dict[str, Any], system: str, case: str, baseline: str = "clamor") -> float | None:
+    """``median(system) / median(baseline)`` for ``case`` (above 1: the baseline is faster)."""
+    def med(name: str) -> float | None:
+        return next((median(r["seconds"]) for r in result["rows"]
+                     if r["system"] == name and r["case"] == case and r["seconds"]), None)  # fmt: skip
+
+    a, b = med(system), med(baseline)
+    return None if a is None or not b else a / b
+
+
+def goal(text: str, value: float | None, target: float, why: str = "") -> dict[str, Any]:
+    """A goal of the issue: met when ``value >= target`` (values are ratios)."""
+    return {"goal": text, "value": value, "target": target,
+            "met": value is not None and value >= target, "why": why}  # fmt: skip
+
+
+def tree_rss(pids: Iterable[int]) -> int:
+    """Resident bytes of the largest of ``pids`` (with their children): a worker's peak proxy."""
+    best = 0
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            procs = [p, *p.children(recursive=True)]
+            best = max(best, sum(q.memory_info().rss for q in procs if q.is_running()))
+        except psutil.NoSuchProcess:
+            continue
+    return best
+
+
+def save(result: dict[str, Any]) -> Path:
+    """Write ``results/<workload>.json`` with the machine and commit added; its path."""
+    result.setdefault("baseline", "clamor")
+    result.setdefault("goals", [])
+    result.setdefault("plots", [])
+    result["machine"] = machine()
+    result["commit"] = git("rev-parse", "--short", "HEAD")
+    result["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{result['workload']}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path

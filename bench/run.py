@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Run every benchmark workload in turn, then write the report.
+
+    python bench/run.py [--quick] [--only lookups,kmeans] [--timeout SECONDS]
+
+Each workload script (``bench/<name>.py``) runs as a subprocess (with ``--quick`` when
+given), one after the other so that they never share the machine; a script that is
+missing, fails or overruns its time limit is recorded and the run goes on. Finally
+``bench/report.py`` writes ``bench/results/REPORT.md``. A summary of every workload's
+status and duration goes to ``bench/results/run.log.json`` and stderr; the exit status
+is 1 if any workload failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RESULTS = BENCH / "results"
+WORKLOADS = ("lookups", "streaming", "kdtree", "replication", "logreg", "kmeans", "overhead")
+
+
+def run_one(name: str, quick: bool, timeout: float) -> dict:
+    """Run ``bench/<name>.py`` to completion (or its time limit); what happened."""
+    script = BENCH / f"{name}.py"
+    if not script.exists():
+        return {"workload": name, "status": "missing", "detail": f"{script.name} not found"}
+    cmd = [sys.executable, str(script)] + (["--quick"] if quick else [])
+    print(f"== {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
+    try:
+        code = proc.wait(timeout=timeout)
+        status = "ok" if code == 0 else "failed"
+        detail = "" if code == 0 else f"exit status {code}"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the script and its children
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        status, detail = "failed", f"timed out after {timeout:.0f} s (stopped)"
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+        raise
+    return {"workload": name, "status": status, "detail": detail,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="each workload's --quick sizes")
+    ap.add_argument("--only", default="", help=f"comma-separated workloads among {','.join(WORKLOADS)}")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds per workload (default 1200; quick 300)")
+    args = ap.parse_args()
+    names = [w.strip() for w in args.only.split(",") if w.strip()] or list(WORKLOADS)
+    bad = [w for w in names if w not in WORKLOADS]
+    if bad:
+        ap.error(f"unknown workload(s) {', '.join(bad)}; choose among {', '.join(WORKLOADS)}")
+    timeout = args.timeout or (300.0 if args.quick else 1200.0)
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    log = [run_one(w, args.quick, timeout) for w in names]
+    report = subprocess.run([sys.executable, str(BENCH / "report.py")], cwd=ROOT, check=False)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "run.log.json").write_text(json.dumps(
+        {"started": started, "quick": args.quick, "workloads": log,
+         "report": "ok" if report.returncode == 0 else f"exit status {report.returncode}"},
+        indent=1) + "\n")
+    print("\n| workload | status | seconds | detail |\n|---|---|---:|---|", file=sys.stderr)
+    for e in log:
+        print(f"| {e['workload']} | {e['status']} | {e.get('seconds', '')} | {e['detail']} |",
+              file=sys.stderr)
+    failed = [e for e in log if e["status"] != "ok"] or report.returncode != 0
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
