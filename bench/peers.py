@@ -1,0 +1,488 @@
+"""The systems a broadcast-table workload compares, behind one small interface, and the
+parent/child plumbing the workload scripts share (``lookups.py``, ``streaming.py``).
+
+Every system runs 2 local workers and offers the same four operations on a driver-side
+numpy table, so a workload is written once:
+
+====================  =================================  ===============================
+system                ``broadcast(table)``               a task ``fn(table, *args)``
+====================  =================================  ===============================
+clamor                nothing: the table is in the       ``cluster.run_stage`` (tasks
+                      arena, tasks ship a reference      placed round-robin); workers
+                      and workers demand-page it         fault in the pages they touch
+dask                  ``client.scatter(table,            ``client.submit(fn, future,
+                      broadcast=True, hash=False)``      ...)``
+ray                   ``ray.put(table)``                 ``f.remote(ref, ...)``
+ipyparallel           ``rc[:].push({'table': table})``   ``view.apply_async(fn,
+                                                         Reference('table'), ...)``
+====================  =================================  ===============================
+
+Task functions are passed in by the workload script: defined there, in the child's
+``__main__``, every system pickles them by value, so no worker needs ``bench/`` on its
+path. A task returns ``(value, os.getpid())`` so the child can read each worker's RSS
+(:func:`common.tree_rss`) after the stage, while the workers still hold the table.
+
+The parent runs each system in its own child process (this script with ``--child``),
+marked through its environment (:data:`MARKER`) so :mod:`harness` can sweep whatever
+the child leaves behind; a child streams its rows to a file as it finishes them, so a
+system that hangs later keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+import psutil
+from common import median, ratio, unavailable
+from harness import (
+    busy_seconds,
+    marked_processes,
+    progress,
+    sweep,
+    wait_child,
+    wait_until_idle,
+)
+
+SYSTEMS = ("clamor", "dask", "ray", "ipyparallel")
+PEERS = SYSTEMS[1:]
+WORKERS = 2
+#: In every child's environment, inherited by its workers and daemons.
+MARKER = "CLAMOR_PEER_BENCH"
+STOP_GRACE = 30.0  # seconds a stopped child gets to shut its system down
+SWEEP_GRACE = 20.0  # seconds the child's processes get to exit after it did
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- the systems ------------------------------------------------------------------------
+
+
+class Session:
+    """One running system with ``WORKERS`` workers (subclasses: one per system)."""
+
+    system = ""
+    #: Copies of the table a broadcast makes, per host (bytes moved = nbytes x this).
+    copies = WORKERS
+
+    def broadcast(self, table: np.ndarray) -> Any:
+        """Make ``table`` available to the tasks; a handle the tasks take as ``table``."""
+        raise NotImplementedError
+
+    def release(self, handle: Any, wait: bool = True) -> None:
+        """Drop a broadcast table from the workers (``wait``: until they have). The caller
+        drops its own reference to ``handle`` too (Ray frees an object with its last one)."""
+
+    def map(self, fn: Callable, handle: Any, args: Sequence[tuple]) -> list:
+        """Run ``fn(table, *a)`` for every ``a`` in ``args``, one task each; the results."""
+        raise NotImplementedError
+
+    def moved(self) -> int | None:
+        """Table bytes moved to workers so far, where the system counts them."""
+        return None
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ClamorSession(Session):
+    """``clamor.Cluster(workers=2)``; ``restart()`` gives cold worker caches."""
+
+    system = "clamor"
+    copies = 0
+
+    def __init__(self, **options: Any) -> None:
+        import clamor
+
+        self.clamor, self.options = clamor, options
+        self.cluster = clamor.Cluster(workers=WORKERS, **options)
+
+    def restart(self) -> None:
+        """A fresh cluster (the arena and its arrays stay): workers with empty caches."""
+        self.cluster.close()
+        self.cluster = self.clamor.Cluster(workers=WORKERS, **self.options)
+
+    def broadcast(self, table: np.ndarray) -> np.ndarray:
+        if not self.clamor.in_arena(table):
+            raise ValueError("the clamor table must be an arena array (clamor.array)")
+        return table  # nothing moves: tasks ship a reference, workers fault pages in
+
+    def map(self, fn: Callable, handle: Any, args: Sequence[tuple]) -> list:
+        ids = self.cluster.workers
+        return self.cluster.run_stage(
+            [(ids[i % len(ids)], fn, (handle, *a)) for i, a in enumerate(args)]
+        )
+
+    def counters(self) -> dict[str, int]:
+        s = self.cluster.stats()
+        keys = ("bytes_served_by_driver", "bytes_served_by_peers", "invalidations",
+                "pages_fetched", "faults", "version_log_bytes")  # fmt: skip
+        return {k: int(s.get(k, 0)) for k in keys}
+
+    def moved(self) -> int:
+        c = self.counters()
+        return c["bytes_served_by_driver"] + c["bytes_served_by_peers"]
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
+class DaskSession(Session):
+    """``LocalCluster(n_workers=2, threads_per_worker=1, processes=True)``."""
+
+    system = "dask"
+
+    def __init__(self) -> None:
+        from dask.distributed import Client, LocalCluster
+
+        self.cluster = self.client = None
+        try:
+            self.cluster = LocalCluster(n_workers=WORKERS, threads_per_worker=1,
+                                        processes=True, dashboard_address=None)  # fmt: skip
+            self.client = Client(self.cluster)
+            self.client.wait_for_workers(WORKERS, timeout=120)
+        except BaseException:
+            self.close()
+            raise
+
+    def broadcast(self, table: np.ndarray) -> Any:
+        return self.client.scatter(table, broadcast=True, hash=False)
+
+    def release(self, handle: Any, wait: bool = True) -> None:
+        key = handle.key
+        handle.release()
+        if not wait:
+            return
+        deadline = time.monotonic() + 30  # wait until the workers let go of it
+        while time.monotonic() < deadline and any(
+            key in keys for keys in self.client.has_what().values()
+        ):
+            time.sleep(0.02)
+
+    def map(self, fn: Callable, handle: Any, args: Sequence[tuple]) -> list:
+        futures = [self.client.submit(fn, handle, *a, pure=False) for a in args]
+        return self.client.gather(futures)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+class RaySession(Session):
+    """``ray.init(num_cpus=2)``; tasks ``@ray.remote(num_cpus=1)``."""
+
+    system = "ray"
+    copies = 1  # one copy in this host's object store, read in place by its workers
+
+    def __init__(self) -> None:
+        import ray
+
+        self.ray = ray
+        ray.init(num_cpus=WORKERS, include_dashboard=False, logging_level="ERROR")
+        self.remotes: dict[Callable, Any] = {}
+
+    def broadcast(self, table: np.ndarray) -> Any:
+        return self.ray.put(table)
+
+    def release(self, handle: Any, wait: bool = True) -> None:
+        del handle  # with the caller's, the last reference: the object store frees it
+
+    def map(self, fn: Callable, handle: Any, args: Sequence[tuple]) -> list:
+        if fn not in self.remotes:
+            self.remotes[fn] = self.ray.remote(num_cpus=1)(fn)
+        remote = self.remotes[fn]
+        return self.ray.get([remote.remote(handle, *a) for a in args])
+
+    def close(self) -> None:
+        if self.ray.is_initialized():
+            self.ray.shutdown()
+
+
+class IpyparallelSession(Session):
+    """``ipp.Cluster(n=2)`` started here; a load-balanced view for the tasks."""
+
+    system = "ipyparallel"
+
+    def __init__(self) -> None:
+        import ipyparallel as ipp
+
+        self.ipp, self.rc = ipp, None
+        self.cluster = ipp.Cluster(n=WORKERS, log_level=40)
+        try:
+            self.rc = self.cluster.start_and_connect_sync()
+            self.rc.wait_for_engines(WORKERS, timeout=120)
+            self.dview, self.view = self.rc[:], self.rc.load_balanced_view()
+        except BaseException:
+            self.close()
+            raise
+
+    def broadcast(self, table: np.ndarray) -> Any:
+        self.dview.push({"table": table}, block=True)
+        return self.ipp.Reference("table")
+
+    def release(self, handle: Any, wait: bool = True) -> None:
+        if wait:  # otherwise the next push replaces it
+            self.dview.execute("table = None", block=True)
+
+    def map(self, fn: Callable, handle: Any, args: Sequence[tuple]) -> list:
+        return [r.get() for r in [self.view.apply_async(fn, handle, *a) for a in args]]
+
+    def close(self) -> None:
+        if self.rc is not None:
+            self.rc.close()
+        with contextlib.suppress(Exception):  # e.g. it never started
+            self.cluster.stop_cluster_sync()
+
+
+def open_session(system: str, **clamor_options: Any) -> Session:
+    """Start ``system`` with ``WORKERS`` local workers (raises if it cannot)."""
+    if system == "clamor":
+        return ClamorSession(**clamor_options)
+    return {"dask": DaskSession, "ray": RaySession, "ipyparallel": IpyparallelSession}[system]()
+
+
+def make_table(n: int, arena: bool, chunk: int = 8 << 20) -> np.ndarray:
+    """``n`` int64 values ``7 i + 3``, in the clamor arena if ``arena``, filled in chunks
+    (no temporary the size of the table). int64, so a sum of looked-up values is exact."""
+    if arena:
+        import clamor
+
+        table = clamor.empty(n, np.int64)
+    else:
+        table = np.empty(n, np.int64)
+    for a in range(0, n, chunk):
+        b = min(n, a + chunk)
+        np.multiply(np.arange(a, b, dtype=np.int64), 7, out=table[a:b])
+        table[a:b] += 3
+    return table
+
+
+#: A worker's own page cache, a memfd: its pages count in RSS only where a task touched
+#: them through the mapping, so :func:`worker_memory` adds the part RSS does not show.
+PAGE_CACHE = "/memfd:clamor-page-cache"
+
+
+def _memory(pid: int) -> int:
+    """RssAnon + RssFile + max(RssShmem, bytes allocated in the process's page-cache memfd)."""
+    status = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Rss"):
+            key, value = line.split(":", 1)
+            status[key] = int(value.split()[0]) * 1024
+    cache = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(PAGE_CACHE):
+                cache += os.stat(f"/proc/{pid}/fd/{fd}").st_blocks * 512
+    return status.get("RssAnon", 0) + status.get("RssFile", 0) + max(status.get("RssShmem", 0), cache)
+
+
+def worker_memory(results: Sequence[tuple]) -> tuple[int, int]:
+    """(RSS, memory) of the largest worker that ran ``results`` (tasks end with their pid).
+
+    RSS is psutil's (``common.tree_rss``). Memory also counts a Clamor worker's page cache
+    in full: the cache is a memfd mapped over the arena, and RSS shows only the 4 KiB
+    pieces a task touched through the mapping, not the whole pages fetched into it. For
+    every other system the two are the same (less any shared memory RSS counted twice).
+    """
+    from common import tree_rss
+
+    pids = {r[-1] for r in results}
+    mem = 0
+    for pid in pids:  # like tree_rss: the process and its children
+        with contextlib.suppress(OSError, psutil.Error):
+            tree = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+            mem = max(mem, sum(_memory(p) for p in tree))
+    return tree_rss(pids), mem
+
+
+class OtherLoad:
+    """Cores used on the machine by processes that are not this child's (its system's
+    daemons and workers carry :data:`MARKER`), between two snapshots."""
+
+    def __init__(self) -> None:
+        self.marker = os.environ.get(MARKER)
+        self.start = self.snapshot()
+
+    def snapshot(self) -> tuple[float, float, dict[int, float]]:
+        own: dict[int, float] = {}
+        procs = marked_processes(MARKER, self.marker, include_self=True) if self.marker else []
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                own[p.pid] = t.user + t.system + t.children_user + t.children_system
+        return time.monotonic(), busy_seconds(), own
+
+    def cores(self) -> float:
+        (t0, b0, own0), (t1, b1, own1) = self.start, self.snapshot()
+        own = sum(cpu - own0.get(pid, 0.0) for pid, cpu in own1.items())
+        return max(0.0, (b1 - b0) - own) / max(t1 - t0, 1e-9)
+
+
+# --- parent and child -------------------------------------------------------------------
+
+
+def arguments(description: str, quick_help: str) -> argparse.ArgumentParser:
+    """The options every workload script takes."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--repeat", type=int, default=None, help="repetitions per case")
+    ap.add_argument("--only", default=",".join(SYSTEMS),
+                    help=f"comma-separated systems among {','.join(SYSTEMS)}")  # fmt: skip
+    ap.add_argument("--timeout", type=float, default=900.0, metavar="SECONDS",
+                    help="time limit per system, start-up to shut-down")  # fmt: skip
+    ap.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
+                    help="before each system, wait up to SECONDS for the machine to go quiet")  # fmt: skip
+    ap.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    return ap
+
+
+def systems(ap: argparse.ArgumentParser, only: str) -> list[str]:
+    chosen = [s.strip() for s in only.split(",") if s.strip()]
+    bad = [s for s in chosen if s not in SYSTEMS]
+    if bad:
+        ap.error(f"unknown system(s) {', '.join(bad)}; choose among {', '.join(SYSTEMS)}")
+    return chosen
+
+
+class Rows(list):
+    """A child's rows, written to its output file each time one is added."""
+
+    def __init__(self, out: Path) -> None:
+        super().__init__()
+        self.out = out
+
+    def append(self, r: dict) -> None:
+        super().append(r)
+        self.out.write_text(json.dumps(list(self), indent=1) + "\n")
+
+
+def child_main(system: str, out: Path, cases: Sequence[str],
+               measure: Callable[[str, Rows], None]) -> None:  # fmt: skip
+    """In the child: ``measure(system, rows)``; any failure becomes rows for the cases
+    it had not finished (``unavailable`` if the system could not start)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)  # the parent stops us: shut down in finally
+    rows = Rows(out)
+    try:
+        measure(system, rows)
+    except BaseException as exc:  # noqa: BLE001 - the parent must get rows
+        why = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+        progress(f"  {system}: {why}\n{traceback.format_exc()}")
+        done = {r["case"] for r in rows}
+        for case in cases:
+            if case not in done:
+                rows.append(unavailable(system, case, why))
+
+
+def run_child(script: Path, system: str, argv: Sequence[str], cases: Sequence[str],
+              timeout: float) -> list[dict]:  # fmt: skip
+    """Run ``script --child system argv`` in its own session, marked; its rows, with any
+    processes it left behind (killed) noted on each."""
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, **{MARKER: marker}, RAY_USAGE_STATS_ENABLED="0",
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="clamor-bench-") as tmp:
+        out = Path(tmp) / "rows.json"
+        cmd = [sys.executable, str(script), "--child", system, "--child-out", str(out), *argv]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, cwd=ROOT, start_new_session=True)
+        failure = wait_child(proc, timeout, STOP_GRACE)
+        leftovers, _ = sweep(MARKER, marker, SWEEP_GRACE)
+        if failure == "interrupted":
+            raise KeyboardInterrupt
+        rows = json.loads(out.read_text()) if out.exists() else []
+    why = failure or f"the child exited with status {proc.returncode} before this case"
+    done = {r["case"] for r in rows}
+    rows += [unavailable(system, c, why) for c in cases if c not in done]
+    for r in rows:
+        r["child_elapsed_s"] = time.perf_counter() - t0
+        r["left_behind"] = leftovers
+    if leftovers:
+        progress(f"  {system}: killed {len(leftovers)} process(es) left behind")
+    return rows
+
+
+def run_all(script: Path, args: argparse.Namespace, chosen: Sequence[str], argv: Sequence[str],
+            cases: Sequence[str]) -> list[dict]:  # fmt: skip
+    """Every chosen system, one child after the other; all their rows."""
+    rows: list[dict] = []
+    for system in chosen:
+        if args.wait_idle:
+            wait_until_idle(args.wait_idle)
+        progress(f"{system}:")
+        rows += run_child(script, system, argv, cases, args.timeout)
+    return rows
+
+
+# --- the printed table ------------------------------------------------------------------
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def markdown(result: dict, columns: Sequence[tuple[str, Callable[[dict], str]]] = ()) -> str:
+    """The rows (median, min–max, peer ÷ clamor per case, bytes, RSS, ``columns``) and goals."""
+    head = ["system", "case", "median (s)", "min–max (s)", "÷ clamor", "bytes moved",
+            "peak worker RSS", *(c[0] for c in columns), "note"]  # fmt: skip
+    lines = [f"## {result['title']}", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]  # fmt: skip
+    for r in result["rows"]:
+        s = r["seconds"]
+        q = ratio(result, r["system"], r["case"]) if r["system"] != "clamor" else None
+        cells = [r["system"], r["case"], f"{median(s):.4g}" if s else "—",
+                 f"{min(s):.4g}–{max(s):.4g}" if s else "—", f"{q:.1f}×" if q else "—",
+                 fmt_bytes(r.get("bytes_moved")), fmt_bytes(r.get("peak_worker_rss")),
+                 *(f(r) for _, f in columns), r.get("note", "")]  # fmt: skip
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    if result.get("goals"):
+        lines += ["", "Goals:", ""]
+        for g in result["goals"]:
+            v = "n/a" if g["value"] is None else f"{g['value']:.1f}"
+            mark = "met" if g["met"] else "**missed**"
+            lines.append(f"- {g['goal']}: {v} (target {g['target']:g}) {mark}"
+                         + (f" — {g['why']}" if g["why"] else ""))  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def find(rows: Sequence[dict], system: str, case: str) -> dict | None:
+    return next((r for r in rows if r["system"] == system and r["case"] == case), None)
+
+
+def value_ratio(rows: Sequence[dict], key: str, system: str, case: str) -> float | None:
+    """``rows[system][key] / rows[clamor][key]`` for ``case`` (e.g. memory)."""
+    a, b = find(rows, system, case), find(rows, "clamor", case)
+    if not a or not b or not a.get(key) or not b.get(key):
+        return None
+    return a[key] / b[key]
