@@ -8,18 +8,29 @@ other load, and kill whatever a child leaves behind.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
 
 #: Other processes using more than this many cores perturb the numbers.
 BUSY_CORES = 0.1
+#: In the environment of every child that :func:`run_child` starts, inherited by the
+#: measured system's workers and daemons.
+CHILD_MARKER = "CLAMOR_BENCH_CHILD"
+STOP_GRACE = 30.0  # seconds a stopped child gets to shut its system down
+SWEEP_GRACE = 20.0  # seconds the child's processes get to exit after it did
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def progress(msg: str) -> None:
@@ -135,3 +146,90 @@ def wait_child(proc: subprocess.Popen, timeout: float, stop_grace: float) -> str
                     pass
                 proc.wait()
     return failure
+
+
+# --- one measured system per child process (the result rows of common.py) ---------------
+
+
+class Rows(list):
+    """A child's rows, written to its output file each time one is added, so a system
+    that hangs later keeps what it measured."""
+
+    def __init__(self, out: Path) -> None:
+        super().__init__()
+        self.out = out
+
+    def append(self, r: dict) -> None:
+        self.extend([r])
+
+    def extend(self, rows: Sequence[dict]) -> None:  # type: ignore[override]
+        super().extend(rows)
+        self.out.write_text(json.dumps(list(self), indent=1) + "\n")
+
+
+def child_main(system: str, out: Path, cases: Sequence[str],
+               measure: Callable[[str, Rows], None], label: str | None = None) -> None:  # fmt: skip
+    """In the child: ``measure(system, rows)``; any failure becomes ``unavailable`` rows
+    (named ``label``, default ``system``) for the cases it had not finished."""
+    from common import unavailable
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)  # the parent stops us: shut down in finally
+    rows = Rows(out)
+    try:
+        measure(system, rows)
+    except BaseException as exc:  # noqa: BLE001 - the parent must get rows
+        why = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+        progress(f"  {system}: {why}\n{traceback.format_exc()}")
+        done = {r["case"] for r in rows}
+        for case in cases:
+            if case not in done:
+                rows.append(unavailable(label or system, case, why))
+
+
+def run_child(script: Path, system: str, argv: Sequence[str], cases: Sequence[str],
+              timeout: float, label: str | None = None) -> list[dict]:  # fmt: skip
+    """Run ``script --child system --child-out F argv`` in its own session, marked with
+    :data:`CHILD_MARKER`; its rows, with the processes it left behind killed and noted.
+    Cases it did not report become ``unavailable`` rows named ``label`` (default ``system``)."""
+    from common import unavailable
+
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, **{CHILD_MARKER: marker}, RAY_USAGE_STATS_ENABLED="0",
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="clamor-bench-") as tmp:
+        out = Path(tmp) / "rows.json"
+        cmd = [sys.executable, str(script), "--child", system, "--child-out", str(out), *argv]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, cwd=ROOT, start_new_session=True)
+        failure = wait_child(proc, timeout, STOP_GRACE)
+        leftovers, _ = sweep(CHILD_MARKER, marker, SWEEP_GRACE)
+        if failure == "interrupted":
+            raise KeyboardInterrupt
+        rows = json.loads(out.read_text()) if out.exists() else []
+    why = failure or f"the child exited with status {proc.returncode} before this case"
+    done = {r["case"] for r in rows}
+    rows += [unavailable(label or system, c, why) for c in cases if c not in done]
+    for r in rows:
+        r["child_elapsed_s"] = time.perf_counter() - t0
+        r["left_behind"] = leftovers
+        if leftovers:
+            r["note"] = "; ".join(x for x in (r["note"], f"left {len(leftovers)} process(es) behind (killed)") if x)
+        progress(f"  {r['system']} {r['case']}: "
+                 + (f"median {statistics.median(r['seconds']):.3f} s" if r["seconds"] else r["note"]))
+    return rows
+
+
+def run_all(script: Path, systems: Sequence[str], argv: Sequence[str], cases: Sequence[str],
+            timeout: float, wait_idle: float = 0.0,
+            label: Callable[[str], str] | None = None) -> list[dict]:  # fmt: skip
+    """Every system through :func:`run_child`, one after the other; all their rows."""
+    rows: list[dict] = []
+    for system in systems:
+        if wait_idle:
+            wait_until_idle(wait_idle)
+        progress(f"{system}:")
+        rows += run_child(script, system, argv, cases, timeout, label(system) if label else None)
+    return rows

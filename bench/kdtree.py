@@ -39,32 +39,28 @@ the exact haversine 10-NN (an sklearn ``BallTree(metric="haversine")``, mean ove
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
-import uuid
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
-from common import goal, median, ratio, row, save, unavailable
-from harness import progress, sweep, wait_child
+from common import goal, median, ratio, row, save
+from harness import progress
 
 SYSTEMS = ("clamor", "redis", "dask", "ray")
 WORKERS = 2
 TASKS = 8
 K = 10
 REGION = ((37.3, 38.0), (-122.6, -121.8))  # around San Francisco, as notebooks/kdtree.ipynb
-MARKER = "CLAMOR_KDTREE_BENCH"
 R0_KM = 0.25  # the first GEOSEARCH radius; doubled until 10 come back
 REDIS_BATCH = 2000  # commands per pipeline round trip
 CASES = ("end to end", "queries (warm)")
@@ -405,48 +401,13 @@ RUNNERS = {"clamor": run_clamor, "redis": run_redis, "dask": run_dask, "ray": ru
 
 
 def child_main(args: argparse.Namespace) -> None:
-    """Measure one system; write its rows (or unavailable rows) to ``--child-out``."""
+    """Measure one system; its rows (or unavailable rows) go to ``--child-out``."""
 
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"stopped by signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    system = args.child
-    try:
+    def measure(system: str, rows: harness.Rows) -> None:
         points, queries = make_data(args.points, args.queries)
-        rows = RUNNERS[system](args, points, queries)
-    except BaseException as exc:  # noqa: BLE001 - the parent must get a row
-        why = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
-        progress(traceback.format_exc())
-        rows = [unavailable(system, case, why) for case in CASES]
-    args.child_out.write_text(json.dumps(rows) + "\n")
+        rows.extend(RUNNERS[system](args, points, queries))
 
-
-def run_child(system: str, args: argparse.Namespace) -> list[dict]:
-    """Run one system in a child process; its rows, with leftovers killed and flagged."""
-    marker = uuid.uuid4().hex
-    env = dict(os.environ, **{MARKER: marker}, RAY_USAGE_STATS_ENABLED="0",
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="clamor-kdtree-") as tmp:
-        out = Path(tmp) / "rows.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", system, "--child-out", str(out),
-               "--repeat", str(args.repeat), "--points", str(args.points), "--queries", str(args.queries),
-               "--transport", args.transport]  # fmt: skip
-        proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, cwd=Path(__file__).resolve().parent.parent,
-                                start_new_session=True)  # fmt: skip
-        failure = wait_child(proc, args.timeout, 30.0)
-        left, _ = sweep(MARKER, marker, 20.0)
-        if failure == "interrupted":
-            raise KeyboardInterrupt
-        rows = json.loads(out.read_text()) if out.exists() else []
-    if not rows:
-        why = failure or f"the child exited with status {proc.returncode}"
-        rows = [unavailable(system, case, why) for case in CASES]
-    for r in rows:
-        r["left_behind"] = left
-        if left:
-            r["note"] = "; ".join(x for x in (r["note"], f"left {len(left)} process(es) behind (killed)") if x)
-    return rows
+    harness.child_main(args.child, args.child_out, CASES, measure)
 
 
 # --- the report -------------------------------------------------------------------------
@@ -517,10 +478,9 @@ def main() -> None:
     systems = [s.strip() for s in args.only.split(",") if s.strip()]
     if bad := [s for s in systems if s not in SYSTEMS]:
         ap.error(f"unknown system(s) {', '.join(bad)}")
-    rows: list[dict] = []
-    for system in systems:
-        progress(f"{system}:")
-        rows += run_child(system, args)
+    argv = ["--repeat", str(args.repeat), "--points", str(args.points), "--queries", str(args.queries),
+            "--transport", args.transport]  # fmt: skip
+    rows = harness.run_all(Path(__file__).resolve(), systems, argv, CASES, args.timeout)
     result: dict[str, Any] = {
         "workload": "kdtree",
         "title": "k-d tree 10-NN queries in one region (sklearn KDTree unmodified)",

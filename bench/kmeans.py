@@ -37,10 +37,11 @@ import sys
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 from common import goal, ratio, row, save, unavailable
 from harness import progress
-from logreg import RssSampler, child_entry, run_children
+from logreg import RssSampler
 
 WORKERS = 2
 SYSTEMS = ("clamor", "mpi", "dask", "spark")
@@ -322,14 +323,17 @@ def main() -> None:
         mpi_main(json.loads(args.params), args.child_out)
         return
     if args.child:
-        child_entry(RUNNERS, args.child, json.loads(args.params), args.child_out)
+        params = json.loads(args.params)
+        harness.child_main(args.child, args.child_out, params["cases"],
+                           lambda system, rows: rows.extend(RUNNERS[system](params)))
         return
     p = {"points": args.points or (400_000 if args.quick else 2_000_000), "dims": 16, "k": 16,
          "iterations": args.repeat or (5 if args.quick else 10), "partitions": 8, "seed": 11,
          "workers": WORKERS, "quick": args.quick, "cases": [CASE]}
     systems = [s for s in args.only.split(",") if s]
     ref = reference(p)
-    rows = run_children(str(Path(__file__).resolve()), systems, p, args.timeout)
+    rows = harness.run_all(Path(__file__).resolve(), systems, ["--params", json.dumps(p)], p["cases"],
+                           args.timeout)
     for r in rows:
         if r["seconds"] and "centroids" in r:
             ok = bool(np.allclose(r["centroids"], ref, rtol=1e-6, atol=1e-9))

@@ -27,8 +27,8 @@ iteration (Clamor: the workers' ``bytes_fetched``; peers: the broadcast), peak w
 Every system's loss after each iteration (on a fixed evaluation set) must match a
 reference computed in the parent (rtol 1e-6), else the row is marked wrong.
 
-The child-process helpers here (:func:`run_children`, :class:`RssSampler`) are also used
-by ``kmeans.py``.
+Each system runs in its own child (:func:`harness.run_all`); :class:`RssSampler` is also
+used by ``kmeans.py``.
 """
 
 from __future__ import annotations
@@ -36,30 +36,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-import traceback
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 from common import goal, ratio, row, save, tree_rss, unavailable
-from harness import progress, sweep, wait_child
+from harness import progress
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 2
 FIELDS, NUMERIC = 39, 13
 SYSTEMS = ("clamor", "dask", "ray", "ipyparallel")
-MARKER = "CLAMOR_BENCH_CHILD"
 
 
-# --- child processes (shared with kmeans.py) ---------------------------------------------
+# --- worker memory (shared with kmeans.py) ---------------------------------------------
 
 
 class RssSampler:
@@ -86,56 +78,6 @@ class RssSampler:
         self._stop.set()
         self._thread.join()
         return self.sample()
-
-
-def error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
-
-
-def child_entry(runners: dict[str, Callable[[dict], list[dict]]], system: str,
-                params: dict, out: Path) -> None:
-    """In the child: run one system, write its rows (a crash becomes an error row)."""
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"stopped by signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        rows = runners[system](params)
-    except BaseException as exc:  # noqa: BLE001 - the parent must get a row
-        progress(traceback.format_exc())
-        rows = [unavailable(system, case, f"failed: {error_text(exc)}") for case in params["cases"]]
-    out.write_text(json.dumps(rows) + "\n")
-
-
-def run_children(script: str, systems: list[str], params: dict, timeout: float) -> list[dict]:
-    """Run ``script --child S`` for each system in turn (marker env, own session), sweep
-    what each leaves behind, and return all rows (a child that dies yields error rows)."""
-    rows: list[dict] = []
-    for system in systems:
-        progress(f"{system}:")
-        marker = uuid.uuid4().hex
-        env = dict(os.environ, **{MARKER: marker}, RAY_USAGE_STATS_ENABLED="0",
-                   OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        with tempfile.TemporaryDirectory(prefix="clamor-bench-") as tmp:
-            out = Path(tmp) / "rows.json"
-            cmd = [sys.executable, script, "--child", system, "--child-out", str(out),
-                   "--params", json.dumps(params)]
-            proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, cwd=ROOT, start_new_session=True)
-            failure = wait_child(proc, timeout, 30.0)
-            left, _ = sweep(MARKER, marker, 20.0)
-            if failure == "interrupted":
-                raise KeyboardInterrupt
-            got = json.loads(out.read_text()) if out.exists() else []
-        if not got:
-            why = failure or f"the child exited with status {proc.returncode}"
-            got = [unavailable(system, case, f"failed: {why}") for case in params["cases"]]
-        for r in got:
-            if left:
-                r["note"] = (r["note"] + "; " if r["note"] else "") + f"{len(left)} process(es) left behind (killed)"
-            progress(f"  {r['system']} {r['case']}: "
-                     + (f"median {np.median(r['seconds']):.3f} s" if r["seconds"] else r["note"]))
-        rows += got
-    return rows
 
 
 # --- the data: Criteo-like hashed examples -------------------------------------------------
@@ -428,7 +370,9 @@ def main() -> None:
     ap.add_argument("--params", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child_entry(RUNNERS, args.child, json.loads(args.params), args.child_out)
+        params = json.loads(args.params)
+        harness.child_main(args.child, args.child_out, params["cases"],
+                           lambda system, rows: rows.extend(RUNNERS[system](params)))
         return
     iters = args.repeat or (5 if args.quick else 10)
     batch = args.batch
@@ -438,7 +382,8 @@ def main() -> None:
          "workers": WORKERS, "quick": args.quick, "cases": ["per iteration"]}
     systems = [s for s in args.only.split(",") if s]
     ref = reference_losses(p)
-    rows = run_children(str(Path(__file__).resolve()), systems, p, args.timeout)
+    rows = harness.run_all(Path(__file__).resolve(), systems, ["--params", json.dumps(p)], p["cases"],
+                           args.timeout)
     check(rows, ref)
     result = {"workload": "logreg", "quick": args.quick, "page_size": args.page_size, "rows": rows,
               "title": "Sparse logistic regression (Criteo-like hashed features): paged weights "

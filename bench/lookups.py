@@ -48,19 +48,17 @@ from pathlib import Path
 
 import numpy as np
 from common import goal, median, ratio, row, save
-from harness import progress
+from harness import child_main, progress, run_all
 from peers import (
     PEERS,
     WORKERS,
     OtherLoad,
     arguments,
-    child_main,
     find,
     fmt_bytes,
     make_table,
     markdown,
     open_session,
-    run_all,
     systems,
     value_ratio,
     worker_memory,
@@ -202,7 +200,7 @@ def main() -> None:
     argv = [f"--table-mib={table_mib}", f"--tasks={args.tasks}", f"--lookups={p['lookups']}",
             f"--page-size={args.page_size}", f"--repeat={p['repeat']}"]  # fmt: skip
     t0 = time.perf_counter()
-    rows = run_all(Path(__file__).resolve(), args, chosen, argv, CASES)
+    rows = run_all(Path(__file__).resolve(), chosen, argv, CASES, args.timeout, args.wait_idle)
     result = {"workload": "lookups", "quick": args.quick, "page_size": args.page_size,
               "title": f"Sparse lookups into a {fmt_bytes(p['table_bytes'])} table",
               "params": {**p, "systems": chosen, "elapsed_s": time.perf_counter() - t0,

@@ -23,7 +23,7 @@ path. A task returns ``(value, os.getpid())`` so the child can read each worker'
 (:func:`common.tree_rss`) after the stage, while the workers still hold the table.
 
 The parent runs each system in its own child process (this script with ``--child``),
-marked through its environment (:data:`MARKER`) so :mod:`harness` can sweep whatever
+marked through its environment (:data:`CHILD_MARKER`) so :mod:`harness` can sweep whatever
 the child leaves behind; a child streams its rows to a file as it finishes them, so a
 system that hangs later keeps what it measured.
 """
@@ -32,39 +32,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-import traceback
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
 import psutil
-from common import median, ratio, unavailable
-from harness import (
-    busy_seconds,
-    marked_processes,
-    progress,
-    sweep,
-    wait_child,
-    wait_until_idle,
-)
+from common import median, ratio
+from harness import CHILD_MARKER, busy_seconds, marked_processes
 
 SYSTEMS = ("clamor", "dask", "ray", "ipyparallel")
 PEERS = SYSTEMS[1:]
 WORKERS = 2
-#: In every child's environment, inherited by its workers and daemons.
-MARKER = "CLAMOR_PEER_BENCH"
-STOP_GRACE = 30.0  # seconds a stopped child gets to shut its system down
-SWEEP_GRACE = 20.0  # seconds the child's processes get to exit after it did
-ROOT = Path(__file__).resolve().parent.parent
 
 
 # --- the systems ------------------------------------------------------------------------
@@ -318,15 +299,15 @@ def worker_memory(results: Sequence[tuple]) -> tuple[int, int]:
 
 class OtherLoad:
     """Cores used on the machine by processes that are not this child's (its system's
-    daemons and workers carry :data:`MARKER`), between two snapshots."""
+    daemons and workers carry :data:`CHILD_MARKER`), between two snapshots."""
 
     def __init__(self) -> None:
-        self.marker = os.environ.get(MARKER)
+        self.marker = os.environ.get(CHILD_MARKER)
         self.start = self.snapshot()
 
     def snapshot(self) -> tuple[float, float, dict[int, float]]:
         own: dict[int, float] = {}
-        procs = marked_processes(MARKER, self.marker, include_self=True) if self.marker else []
+        procs = marked_processes(CHILD_MARKER, self.marker, include_self=True) if self.marker else []
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 t = p.cpu_times()
@@ -364,79 +345,6 @@ def systems(ap: argparse.ArgumentParser, only: str) -> list[str]:
     if bad:
         ap.error(f"unknown system(s) {', '.join(bad)}; choose among {', '.join(SYSTEMS)}")
     return chosen
-
-
-class Rows(list):
-    """A child's rows, written to its output file each time one is added."""
-
-    def __init__(self, out: Path) -> None:
-        super().__init__()
-        self.out = out
-
-    def append(self, r: dict) -> None:
-        super().append(r)
-        self.out.write_text(json.dumps(list(self), indent=1) + "\n")
-
-
-def child_main(system: str, out: Path, cases: Sequence[str],
-               measure: Callable[[str, Rows], None]) -> None:  # fmt: skip
-    """In the child: ``measure(system, rows)``; any failure becomes rows for the cases
-    it had not finished (``unavailable`` if the system could not start)."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"stopped by signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)  # the parent stops us: shut down in finally
-    rows = Rows(out)
-    try:
-        measure(system, rows)
-    except BaseException as exc:  # noqa: BLE001 - the parent must get rows
-        why = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
-        progress(f"  {system}: {why}\n{traceback.format_exc()}")
-        done = {r["case"] for r in rows}
-        for case in cases:
-            if case not in done:
-                rows.append(unavailable(system, case, why))
-
-
-def run_child(script: Path, system: str, argv: Sequence[str], cases: Sequence[str],
-              timeout: float) -> list[dict]:  # fmt: skip
-    """Run ``script --child system argv`` in its own session, marked; its rows, with any
-    processes it left behind (killed) noted on each."""
-    marker = uuid.uuid4().hex
-    env = dict(os.environ, **{MARKER: marker}, RAY_USAGE_STATS_ENABLED="0",
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="clamor-bench-") as tmp:
-        out = Path(tmp) / "rows.json"
-        cmd = [sys.executable, str(script), "--child", system, "--child-out", str(out), *argv]
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, cwd=ROOT, start_new_session=True)
-        failure = wait_child(proc, timeout, STOP_GRACE)
-        leftovers, _ = sweep(MARKER, marker, SWEEP_GRACE)
-        if failure == "interrupted":
-            raise KeyboardInterrupt
-        rows = json.loads(out.read_text()) if out.exists() else []
-    why = failure or f"the child exited with status {proc.returncode} before this case"
-    done = {r["case"] for r in rows}
-    rows += [unavailable(system, c, why) for c in cases if c not in done]
-    for r in rows:
-        r["child_elapsed_s"] = time.perf_counter() - t0
-        r["left_behind"] = leftovers
-    if leftovers:
-        progress(f"  {system}: killed {len(leftovers)} process(es) left behind")
-    return rows
-
-
-def run_all(script: Path, args: argparse.Namespace, chosen: Sequence[str], argv: Sequence[str],
-            cases: Sequence[str]) -> list[dict]:  # fmt: skip
-    """Every chosen system, one child after the other; all their rows."""
-    rows: list[dict] = []
-    for system in chosen:
-        if args.wait_idle:
-            wait_until_idle(args.wait_idle)
-        progress(f"{system}:")
-        rows += run_child(script, system, argv, cases, args.timeout)
-    return rows
 
 
 # --- the printed table ------------------------------------------------------------------

@@ -32,26 +32,19 @@ replication saves when the driver's link is the bottleneck.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
-import uuid
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
-from common import goal, median, row, save, unavailable
-from harness import progress, sweep, wait_child
+from common import goal, median, row, save
+from harness import progress
 
 WORKERS = 4
 TASKS_PER_WORKER = 2
-MARKER = "CLAMOR_REPLICATION_BENCH"
 CONFIGS = {"on": True, "off": False}
 CASE = "zipf lookups"
 
@@ -144,41 +137,12 @@ def run_config(args: argparse.Namespace, config: str) -> list[dict]:
 
 
 def child_main(args: argparse.Namespace) -> None:
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"stopped by signal {signum}")
+    """Measure one configuration; its rows (or an unavailable row) go to ``--child-out``."""
 
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        rows = run_config(args, args.child)
-    except BaseException as exc:  # noqa: BLE001 - the parent must get a row
-        progress(traceback.format_exc())
-        rows = [unavailable(name(args.child), CASE, f"{type(exc).__name__}: {exc}".splitlines()[0][:300])]
-    args.child_out.write_text(json.dumps(rows) + "\n")
+    def measure(config: str, rows: harness.Rows) -> None:
+        rows.extend(run_config(args, config))
 
-
-def run_child(config: str, args: argparse.Namespace) -> list[dict]:
-    """One configuration in a child process; processes it leaves are killed and flagged."""
-    marker = uuid.uuid4().hex
-    env = dict(os.environ, **{MARKER: marker}, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    with tempfile.TemporaryDirectory(prefix="clamor-replication-") as tmp:
-        out = Path(tmp) / "rows.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", config, "--child-out", str(out),
-               "--repeat", str(args.repeat), "--table-mib", str(args.table_mib), "--lookups", str(args.lookups),
-               "--zipf", str(args.zipf), "--page-size", str(args.page_size or 0)]  # fmt: skip
-        proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, cwd=Path(__file__).resolve().parent.parent,
-                                start_new_session=True)  # fmt: skip
-        failure = wait_child(proc, args.timeout, 30.0)
-        left, _ = sweep(MARKER, marker, 20.0)
-        if failure == "interrupted":
-            raise KeyboardInterrupt
-        rows = json.loads(out.read_text()) if out.exists() else []
-    if not rows:
-        rows = [unavailable(name(config), CASE, failure or f"the child exited with status {proc.returncode}")]
-    for r in rows:
-        r["left_behind"] = left
-        if left:
-            r["note"] = "; ".join(x for x in (r["note"], f"left {len(left)} process(es) behind (killed)") if x)
-    return rows
+    harness.child_main(args.child, args.child_out, (CASE,), measure, label=name(args.child))
 
 
 def _med(result: dict, config: str, key: str) -> float | None:
@@ -256,10 +220,9 @@ def main() -> None:
     configs = [c.strip() for c in args.only.split(",") if c.strip()]
     if bad := [c for c in configs if c not in CONFIGS]:
         ap.error(f"unknown configuration(s) {', '.join(bad)}")
-    rows: list[dict] = []
-    for config in configs:
-        progress(f"{name(config)}:")
-        rows += run_child(config, args)
+    argv = ["--repeat", str(args.repeat), "--table-mib", str(args.table_mib), "--lookups", str(args.lookups),
+            "--zipf", str(args.zipf), "--page-size", str(args.page_size or 0)]  # fmt: skip
+    rows = harness.run_all(Path(__file__).resolve(), configs, argv, (CASE,), args.timeout, label=name)
     result: dict[str, Any] = {
         "workload": "replication",
         "title": "Hot-page replication (Zipf lookups, 4 workers): replication on vs off",

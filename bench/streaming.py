@@ -41,18 +41,16 @@ from pathlib import Path
 
 import numpy as np
 from common import goal, median, ratio, row, save
-from harness import progress
+from harness import child_main, progress, run_all
 from peers import (
     WORKERS,
     OtherLoad,
     arguments,
-    child_main,
     find,
     fmt_bytes,
     make_table,
     markdown,
     open_session,
-    run_all,
     systems,
     worker_memory,
 )
@@ -226,7 +224,7 @@ def main() -> None:
             f"--lookups={args.lookups}", f"--page-size={args.page_size}",
             f"--repeat={p['repeat']}"]  # fmt: skip
     t0 = time.perf_counter()
-    rows = run_all(Path(__file__).resolve(), args, chosen, argv, CASES)
+    rows = run_all(Path(__file__).resolve(), chosen, argv, CASES, args.timeout, args.wait_idle)
     result = {"workload": "streaming", "quick": args.quick, "page_size": args.page_size,
               "title": f"Streaming one-key updates to a {fmt_bytes(p['table_bytes'])} table",
               "params": {**p, "systems": chosen, "elapsed_s": time.perf_counter() - t0,
