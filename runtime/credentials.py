@@ -167,18 +167,3 @@ class Credentials:
             return cls.parse(text)
         except ValueError as exc:
             raise ValueError(f"token file {path}: {exc}") from None
-
-
-def write_token_file(path: str, token: str) -> None:
-    """Write ``token`` to a new file readable by its owner only (mode 0600)."""
-    Credentials(token).write(path)
-
-
-def write_temp_token_file(token: str, dir: str | None = None) -> str:
-    """Write ``token`` to a new 0600 temporary file and return its path (caller removes it)."""
-    return Credentials(token).write_temp(dir)
-
-
-def read_token_file(path: str) -> str:
-    """The token in a token file (see :meth:`Credentials.read`)."""
-    return Credentials.read(path).token

@@ -22,14 +22,7 @@ from typing import Any
 
 import grpc
 from clamor.runtime import shipping
-from clamor.runtime.credentials import (  # noqa: F401 - re-exported for callers of the transport
-    TLS_SERVER_NAME,
-    TLSMaterial,
-    new_token,
-    read_token_file,
-    write_temp_token_file,
-    write_token_file,
-)
+from clamor.runtime.credentials import TLS_SERVER_NAME, TLSMaterial
 from clamor.runtime.errors import RemoteTraceback, SerializationError, TaskError
 
 logger = logging.getLogger("clamor.transport")

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from clamor.runtime import observer, transport
 from clamor.runtime.cluster import Cluster
-from clamor.runtime.credentials import Credentials, InsecureTokenFile
+from clamor.runtime.credentials import Credentials, InsecureTokenFile, new_token
 from clamor.runtime.errors import (
     ClamorError,
     RemoteTraceback,
@@ -196,19 +196,19 @@ def test_wrong_token_and_protocol_are_refused(cluster, caplog):
 
 
 def test_token_files_are_private(tmp_path):
-    token = transport.new_token()
-    assert len(token) == 64 and token != transport.new_token()
-    path = transport.write_temp_token_file(token, dir=str(tmp_path))
+    token = new_token()
+    assert len(token) == 64 and token != new_token()
+    path = Credentials(token).write_temp(dir=str(tmp_path))
     other = tmp_path / "token"
-    transport.write_token_file(str(other), token)
+    Credentials(token).write(str(other))
     for p in (path, str(other)):
         assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
-        assert transport.read_token_file(p) == token
+        assert Credentials.read(p).token == token
     with pytest.raises(FileExistsError):  # never overwrites (O_EXCL)
-        transport.write_token_file(str(other), token)
+        Credentials(token).write(str(other))
     os.chmod(other, 0o640)
     with pytest.raises(InsecureTokenFile, match="chmod 600"):
-        transport.read_token_file(str(other))
+        Credentials.read(str(other))
 
 
 def test_credentials_with_tls_round_trip_through_a_private_file(tmp_path):
@@ -314,7 +314,7 @@ def _worker_command(connect: str, token_file: str, *extra: str) -> list[str]:
 
 
 def test_worker_exits_70_when_driver_unreachable(tmp_path):
-    token_file = transport.write_temp_token_file(transport.new_token(), dir=str(tmp_path))
+    token_file = Credentials(new_token()).write_temp(dir=str(tmp_path))
     cmd = _worker_command(f"127.0.0.1:{_free_port()}", token_file, "--register-timeout", "1")
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=30)
     assert proc.returncode == EXIT_DRIVER_UNREACHABLE
@@ -324,7 +324,7 @@ def test_worker_exits_70_when_driver_unreachable(tmp_path):
 
 def test_worker_exits_when_parent_process_is_gone(tmp_path):
     with Cluster(1, paging=NullDriverPaging(), timeout=30) as c:
-        token_file = transport.write_temp_token_file(c._token, dir=str(tmp_path))
+        token_file = c._credentials.write_temp(dir=str(tmp_path))
         parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         worker = subprocess.Popen(
             _worker_command(c.address, token_file, "--parent-pid", str(parent.pid))
