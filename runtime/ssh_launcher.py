@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO
 
 from clamor.runtime.errors import ClamorError
-from clamor.runtime.launcher import Launcher
+from clamor.runtime.launcher import Launcher, worker_command
 
 #: ``-o`` options given to every ssh call after the caller's (the first value of an
 #: option wins in ssh, so ``ssh_options`` override these). ``ServerAlive*`` makes a
@@ -54,6 +54,8 @@ SSH_FAILED = 255
 #: Exit status of the remote wrapper when the worker's python cannot be run.
 _NO_PYTHON = 127
 _TAIL_BYTES = 4096
+#: Stands for the remote token file (``"$f"`` in the script) in the worker command.
+_TOKEN_FILE = "\0token-file"
 
 
 def _bare_host(host: str) -> str:
@@ -216,14 +218,10 @@ class SSHLauncher(Launcher):
         worker could not (it did not start, or failed first).
         """
         python = shlex.quote(self.python)
-        worker = [
-            python, "-m", "clamor.runtime.worker",
-            "--connect", shlex.quote(self.connect),
-            "--token-file", '"$f"', "--remove-token-file",
-            "--launch-key", shlex.quote(launch_key),
-        ]  # fmt: skip
-        if _ip_literal(host) is not None:
-            worker += ["--host", shlex.quote(_bare_host(host))]
+        bind = _bare_host(host) if _ip_literal(host) is not None else None
+        command = worker_command(self.connect, _TOKEN_FILE, python=self.python, host=bind)
+        command += ["--remove-token-file", "--launch-key", launch_key]
+        worker = ['"$f"' if arg == _TOKEN_FILE else shlex.quote(arg) for arg in command]
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
         return "\n".join([
             "umask 077",
