@@ -12,6 +12,7 @@ share one call: ten open dashboards cost the kernel what one does.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +47,8 @@ class ClusterSource:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="clamor-query")
         self._cache: dict[tuple[str, str], tuple[float, float, Any]] = {}
         self._inflight: dict[tuple[str, str, float], asyncio.Future] = {}
+        self._clients: dict[tuple[str, float], observer.ObserverClient] = {}  # (kernel id, created)
+        self._clients_lock = threading.Lock()
 
     @property
     def pool(self) -> ThreadPoolExecutor:
@@ -58,7 +61,12 @@ class ClusterSource:
         running = set(self._kernel_ids())
         directories = list(dict.fromkeys(str(d) for d in self._directories() if d))
         found = cluster_registry.read_entries(directories)
-        return {k: e for k, e in found.items() if k in running}
+        entries = {k: e for k, e in found.items() if k in running}
+        live = {(e.kernel_id, e.created) for e in entries.values()}
+        with self._clients_lock:  # channels to clusters that are gone
+            for key in [k for k in self._clients if k not in live]:
+                self._clients.pop(key).close()
+        return entries
 
     def entry(self, kernel_id: str) -> Entry:
         entry = self.entries().get(kernel_id)
@@ -95,10 +103,21 @@ class ClusterSource:
         self._forget_gone()
         return value
 
-    @staticmethod
-    def _query(entry: Entry, kind: str, timeout: float) -> Any:
+    def _client(self, entry: Entry) -> observer.ObserverClient:
+        """The channel to ``entry``'s cluster, opened once; those of replaced or gone
+        clusters are closed."""
+        key = (entry.kernel_id, entry.created)
+        with self._clients_lock:
+            client = self._clients.get(key)
+            if client is None:
+                for old in [k for k in self._clients if k[0] == entry.kernel_id]:
+                    self._clients.pop(old).close()
+                client = self._clients[key] = observer.ObserverClient(entry.address, entry.credentials)
+            return client
+
+    def _query(self, entry: Entry, kind: str, timeout: float) -> Any:
         try:
-            return observer.query(entry.address, entry.credentials, kind, timeout=timeout)
+            return self._client(entry).query(kind, timeout=timeout)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             details = exc.details() if hasattr(exc, "details") else str(exc)
@@ -126,3 +145,7 @@ class ClusterSource:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._clients_lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()

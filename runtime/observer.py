@@ -48,11 +48,31 @@ class ObserverServicer(pb_grpc.ObserverServicer):
         return pb.QueryReply(body=pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def query(address: str, credentials: Credentials, kind: str, timeout: float = 10.0) -> Any:
-    """Ask the cluster at ``address`` for a ``kind`` (see :data:`KINDS`); raises ``grpc.RpcError``.
+class ObserverClient:
+    """One channel to a cluster's ``Observer`` service, reused across queries (a live
+    dashboard polls several times a second; a new channel each time would redo the TCP
+    and, with TLS, the handshake on the kernel's side). Thread-safe, like the channel."""
 
-    The reply is unpickled: only query clusters whose token you hold (your own kernels).
-    """
-    with connect(address, credentials.token, tls=credentials.tls) as channel:
-        reply = pb_grpc.ObserverStub(channel).Query(pb.QueryRequest(kind=kind), timeout=timeout)
-    return pickle.loads(reply.body)
+    def __init__(self, address: str, credentials: Credentials) -> None:
+        self._channel = connect(address, credentials.token, tls=credentials.tls)
+        self._stub = pb_grpc.ObserverStub(self._channel)
+
+    def query(self, kind: str, timeout: float = 10.0) -> Any:
+        """Ask for a ``kind`` (see :data:`KINDS`); raises ``grpc.RpcError``.
+
+        The reply is unpickled: only query clusters whose token you hold (your own kernels).
+        """
+        reply = self._stub.Query(pb.QueryRequest(kind=kind), timeout=timeout)
+        return pickle.loads(reply.body)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def query(address: str, credentials: Credentials, kind: str, timeout: float = 10.0) -> Any:
+    """One query on a fresh channel (see :meth:`ObserverClient.query`)."""
+    client = ObserverClient(address, credentials)
+    try:
+        return client.query(kind, timeout)
+    finally:
+        client.close()
