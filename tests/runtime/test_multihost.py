@@ -1,6 +1,6 @@
 """Multi-host clusters through the ssh launcher, on simulated hosts (DESIGN 3, 5, 6).
 
-Two network namespaces joined by a bridge (tests/runtime/netns.py) play two machines,
+Two network namespaces joined by a bridge (clamor.testing.netns, testing/netns.py) play two machines,
 each with its own sshd; the driver listens on the bridge (198.51.100.1) and starts
 two workers on each host through ``SSHLauncher``. Pages travel over TCP (the hosts
 are not the driver's), one host's link is shaped by ``tc``, and cutting the other
@@ -19,12 +19,12 @@ import os
 import threading
 import time
 
-import netns
 import numpy as np
 import pytest
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.paging_api import NullDriverPaging
 from clamor.runtime.ssh_launcher import SSHLauncher
+from clamor.testing import netns
 
 import clamor
 
