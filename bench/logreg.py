@@ -163,17 +163,20 @@ class Driver:
         self.losses: list[float] = []
         self.seconds: list[float] = []
         self.moved: list[int] = []
+        self.update_seconds: list[float] = []  # the part of each iteration spent in update()
 
     def update(self, parts: list[tuple[int, int]], g: np.ndarray | None = None,
                pieces: list[tuple[np.ndarray, np.ndarray]] = ()) -> None:
         """Merge ``pieces`` (peers) or take ``g`` (an accumulator), update ``w`` in place
         on the touched ids only, and zero them in the gradient for the next iteration."""
+        t0 = time.perf_counter()
         g = self.g if g is None else g
         for i, c in pieces:
             np.add.at(g, i, c)
         touched = np.unique(self.idx[parts[0][0]:parts[-1][1]])
         self.w[touched] -= self.p["lr"] / self.p["batch"] * g[touched]
         g[touched] = 0.0
+        self.update_seconds.append(time.perf_counter() - t0)
 
     def record(self, seconds: float, moved: int) -> None:
         ev = slice(0, self.p["eval"])
@@ -186,7 +189,7 @@ class Driver:
     def row(self, system: str, rss: int, note: str = "", **extra: Any) -> dict:
         return row(system, "per iteration", self.seconds, bytes_moved=int(np.median(self.moved)),
                    peak_worker_rss=rss, note=note, losses=self.losses, bytes_per_iteration=self.moved,
-                   **extra)
+                   driver_update_seconds=self.update_seconds, **extra)
 
 
 # --- the systems (in a child each) -----------------------------------------------------------
@@ -354,6 +357,26 @@ def check(rows: list[dict], ref: list[float]) -> None:
                 f"WRONG: losses {np.round(got, 6).tolist()} != reference {np.round(ref, 6).tolist()}")
 
 
+def goals(result: dict, systems: list[str]) -> list[dict]:
+    """Per peer: Clamor >= 3x faster per iteration; a miss says where Clamor's time went."""
+    out = []
+    c = next((r for r in result["rows"] if r["system"] == "clamor" and r["seconds"]), None)
+    for peer in [s for s in systems if s != "clamor"]:
+        r = ratio(result, peer, "per iteration")
+        why = "not measured" if r is None else ""
+        if r is not None and r < 3 and c is not None:
+            pages = c["bytes_moved"] / result["page_size"]
+            update = float(np.median(c["driver_update_seconds"]))
+            why = (f"Clamor's median iteration is {np.median(c['seconds']) * 1e3:.0f} ms: about "
+                   f"{pages:,.0f} scattered {result['page_size'] >> 10} KiB pages fetched, one fault "
+                   f"and one round trip each (tens of µs), and {update * 1e3:.0f} ms in the driver's "
+                   "in-place update of w, where the first write to each touched page in a stage "
+                   "is trapped and its old version logged for lineage. Closing it: fetch a task's "
+                   "known index set in one pipelined batch, and cheaper version logging")
+        out.append(goal(f"per iteration >= 3x faster than {peer}", r, 3.0, why))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="D=10^7 weights, fewer iterations")
@@ -391,15 +414,7 @@ def main() -> None:
               "params": {**{k: v for k, v in p.items() if k != "cases"}, "weights_bytes": p["dim"] * 8,
                          "reference_losses": ref, "timed": "per iteration: broadcast/paging, the "
                          "gradient stage, the merge and the driver's update"}}
-    result["goals"] = []
-    for peer in systems:
-        if peer == "clamor":
-            continue
-        r = ratio(result, peer, "per iteration")
-        why = ("not measured" if r is None else "" if r >= 3 else
-               "the pages each iteration touches cost more than the broadcast saves: "
-               "see bytes moved and the per-iteration times")
-        result["goals"].append(goal(f"per iteration >= 3x faster than {peer}", r, 3.0, why))
+    result["goals"] = goals(result, systems)
     path = save(result)
     print("| system | median s/iteration | min–max | peer/clamor | MiB moved/iteration | peak worker RSS MiB | note |")
     print("|---|---:|---:|---:|---:|---:|---|")
