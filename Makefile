@@ -54,9 +54,11 @@ bench-deps:
 	    default-jre-headless >/dev/null; }
 	$(PIP) install -q -r bench/requirements.txt
 
-## Every workload side by side with its peers, then bench/results/REPORT.md.
+## Every workload side by side with its peers, then lookups, streaming and replication
+## again on simulated hosts behind 1 Gbit/s links (network mode, needs root), then
+## bench/results/REPORT.md.
 bench: $(STAMP) bench-deps
-	$(PYTHON) bench/run.py
+	$(PYTHON) bench/run.py --network
 
 ## A 5-minute subset: the same workloads, scaled down.
 bench-quick: $(STAMP) bench-deps

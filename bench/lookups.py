@@ -4,6 +4,7 @@ demand paging against broadcasting the table with Dask, Ray and ipyparallel.
 
     python bench/lookups.py [--quick] [--repeat R] [--only clamor,dask,ray,ipyparallel]
                             [--table-mib M] [--tasks T] [--lookups L] [--page-size B]
+                            [--network [RATE]]
 
 The table: ``M`` MiB of int64 values (2048 MiB; 256 MiB with ``--quick``), value
 ``7 i + 3`` at index ``i``, seen as pages of ``B`` bytes (Clamor's page size, 256 KiB).
@@ -37,6 +38,11 @@ plus the part of a Clamor worker's page cache (a memfd) that RSS does not show
 Every task's sum is compared with the driver's numpy answer; for Clamor the driver's
 per-page counters must show exactly the chosen pages requested. A wrong answer marks the
 row (``checked: false`` and a note). Writes ``bench/results/lookups.json``.
+
+``--network [RATE]`` (``network.py``): the same with each system's 2 workers on 2
+simulated hosts behind links of RATE (1gbit) and the driver's uplink shaped to RATE,
+and a 512 MiB table unless given (every peer sends 1 GiB per repetition at 1 Gbit/s);
+writes ``bench/results/lookups-network.json``. Ray's bytes are then one copy per host.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import sys
 import time
 from pathlib import Path
 
+import network
 import numpy as np
 from common import goal, median, ratio, row, save
 from harness import child_main, progress, run_all
@@ -103,7 +110,8 @@ def measure(system: str, rows, p: dict) -> None:
 
         clamor.configure(page_size=p["page_size"])
     t0 = time.perf_counter()
-    with open_session(system, **clamor_options) as s:
+    with network.hosts_or_loopback(p["network"], WORKERS) as net, \
+            open_session(system, network=net, **clamor_options) as s:
         progress(f"  {system}: started in {time.perf_counter() - t0:.1f} s")
         table = make_table(n, arena=system == "clamor")
         small = make_table(per_page, arena=system == "clamor")  # the warm-up's table
@@ -147,6 +155,8 @@ def measure(system: str, rows, p: dict) -> None:
             note = "; ".join(problems)
             if system == "ray":
                 note = (note + "; " if note else "") + "bytes: one object-store copy per host"
+                if net is not None:
+                    note += f" ({s.copies} hosts)"
             rows.append(row(system, case, secs, bytes_moved=int(median(moved)),
                             peak_worker_rss=max(rss), note=("WRONG: " if problems else "") + note,
                             checked=not problems, fraction=fraction, pages_touched=int(chosen.size),
@@ -181,29 +191,39 @@ def goals(result: dict) -> list[dict]:
 
 def main() -> None:
     ap = arguments(__doc__.split("\n\n")[0], "256 MiB table, 2 repetitions")
-    ap.add_argument("--table-mib", type=int, default=None, help="table size (2048; quick 256)")
+    ap.add_argument("--table-mib", type=int, default=None, help="table size (2048; network 512; quick 256)")
     ap.add_argument("--tasks", type=int, default=8, help="tasks per stage (8)")
     ap.add_argument("--lookups", type=int, default=None,
                     help="lookups per task (2 x pages / tasks)")  # fmt: skip
     ap.add_argument("--page-size", type=int, default=256 << 10, help="bytes (256 KiB)")
+    network.add_network_argument(ap)
     args = ap.parse_args()
-    table_mib = args.table_mib or (256 if args.quick else 2048)
+    network.check_rate(ap, args.network)
+    table_mib = args.table_mib or (256 if args.quick else 512 if args.network else 2048)
     pages = (table_mib << 20) // args.page_size
     p = {"table_bytes": pages * args.page_size, "page_size": args.page_size,
          "tasks": args.tasks, "lookups": args.lookups or -(-2 * pages // args.tasks),
          "repeat": args.repeat or (2 if args.quick else 3), "workers": WORKERS,
-         "fractions": list(FRACTIONS), "dtype": "int64"}  # fmt: skip
+         "fractions": list(FRACTIONS), "dtype": "int64", "network": args.network}  # fmt: skip
     if args.child:
         child_main(args.child, args.child_out, CASES, lambda sy, rows: measure(sy, rows, p))
         return
     chosen = systems(ap, args.only)
+    network.require(args.network)
     argv = [f"--table-mib={table_mib}", f"--tasks={args.tasks}", f"--lookups={p['lookups']}",
             f"--page-size={args.page_size}", f"--repeat={p['repeat']}"]  # fmt: skip
+    argv += [f"--network={args.network}"] if args.network else []
     t0 = time.perf_counter()
-    rows = run_all(Path(__file__).resolve(), chosen, argv, CASES, args.timeout, args.wait_idle)
-    result = {"workload": "lookups", "quick": args.quick, "page_size": args.page_size,
-              "title": f"Sparse lookups into a {fmt_bytes(p['table_bytes'])} table",
-              "params": {**p, "systems": chosen, "elapsed_s": time.perf_counter() - t0,
+    try:
+        rows = run_all(Path(__file__).resolve(), chosen, argv, CASES, args.timeout, args.wait_idle)
+    finally:
+        network.sweep_stale()
+    result = {"workload": network.workload("lookups", args.network), "quick": args.quick,
+              "page_size": args.page_size,
+              "title": network.title(f"Sparse lookups into a {fmt_bytes(p['table_bytes'])} table",
+                                     args.network, WORKERS),
+              "params": {**p, **network.params(args.network, WORKERS), "systems": chosen,
+                         "elapsed_s": time.perf_counter() - t0,
                          "command": " ".join(["python bench/lookups.py", *sys.argv[1:]]),
                          "loadavg": os.getloadavg()},
               "rows": rows}  # fmt: skip

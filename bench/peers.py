@@ -1,7 +1,7 @@
 """The systems a broadcast-table workload compares, behind one small interface, and the
 parent/child plumbing the workload scripts share (``lookups.py``, ``streaming.py``).
 
-Every system runs 2 local workers and offers the same four operations on a driver-side
+Every system runs 2 workers (local ones by default) and offers the same four operations on a driver-side
 numpy table, so a workload is written once:
 
 ====================  =================================  ===============================
@@ -16,6 +16,12 @@ ray                   ``ray.put(table)``                 ``f.remote(ref, ...)``
 ipyparallel           ``rc[:].push({'table': table})``   ``view.apply_async(fn,
                                                          Reference('table'), ...)``
 ====================  =================================  ===============================
+
+Network mode (``open_session(system, network)``, see ``network.py``): the same four
+operations with each of the 2 workers on its own simulated host (a ``netns.Network``
+built by the child): Clamor through ``NamespaceLauncher``, Dask's scheduler, Ray's head
+(0 CPUs) and ipyparallel's controller on the driver's address and their workers, nodes
+and engines started in the hosts' namespaces (:meth:`Session.start_on_hosts`).
 
 Task functions are passed in by the workload script: defined there, in the child's
 ``__main__``, every system pickles them by value, so no worker needs ``bench/`` on its
@@ -33,15 +39,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import IO, TYPE_CHECKING, Any, Self
 
 import numpy as np
 import psutil
 from common import median, ratio
-from harness import CHILD_MARKER, busy_seconds, marked_processes
+from harness import CHILD_MARKER, busy_seconds, marked_processes, progress
+
+if TYPE_CHECKING:
+    from clamor.testing.netns import Network
 
 SYSTEMS = ("clamor", "dask", "ray", "ipyparallel")
 PEERS = SYSTEMS[1:]
@@ -77,6 +90,62 @@ class Session:
     def close(self) -> None:
         raise NotImplementedError
 
+    # --- network mode: the system's worker processes on the simulated hosts ---
+
+    def start_on_hosts(self, network: Network, command: Callable[[Any], list[str]],
+                       hosts: Sequence[Any] | None = None) -> None:  # fmt: skip
+        """Start ``command(host)`` in the namespace of each of ``hosts`` (default: all;
+        output to the network's work directory); :meth:`stop_hosts` ends them."""
+        self.procs: list[subprocess.Popen] = getattr(self, "procs", [])
+        self.logs: list[tuple[Path, IO]] = getattr(self, "logs", [])
+        for host in network.hosts if hosts is None else hosts:
+            path = Path(network.workdir) / f"{self.system}-{host.index}.log"
+            log = open(path, "ab")  # noqa: SIM115 - closed by stop_hosts
+            self.logs.append((path, log))
+            self.procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", host.ns, *command(host)], stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            ))  # fmt: skip
+
+    def host_logs(self) -> str:
+        """The end of the namespaced processes' output, for error messages."""
+        tails = []
+        for path, _ in getattr(self, "logs", []):
+            text = path.read_text(errors="replace").strip().splitlines()[-3:] if path.exists() else []
+            if text:
+                tails.append(f"{path.name}: " + " | ".join(text))
+        return "; ".join(tails)[-1000:]
+
+    def stop_hosts(self, grace: float = 10.0) -> None:
+        """SIGTERM what :meth:`start_on_hosts` started (its session), SIGKILL it after ``grace`` s."""
+        procs = getattr(self, "procs", [])
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for _, log in getattr(self, "logs", []):
+            log.close()
+        self.procs, self.logs = [], []
+
+    def wait_for(self, ready: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+        """Poll ``ready()`` until true; raise naming ``what`` and the hosts' output if not."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            dead = [p for p in getattr(self, "procs", []) if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                why = (f"({' '.join(dead[0].args[4:8])} ... exited with {dead[0].returncode})"
+                       if dead else f"within {timeout:.0f} s")  # fmt: skip
+                raise RuntimeError(f"{self.system}: {what} {why}; {self.host_logs()}")
+            time.sleep(0.2)
+
     def __enter__(self) -> Self:
         return self
 
@@ -85,21 +154,31 @@ class Session:
 
 
 class ClamorSession(Session):
-    """``clamor.Cluster(workers=2)``; ``restart()`` gives cold worker caches."""
+    """``clamor.Cluster(workers=2)``; ``restart()`` gives cold worker caches. On a
+    network: one worker per host (``NamespaceLauncher``), pages over TCP."""
 
     system = "clamor"
     copies = 0
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, network: Network | None = None, **options: Any) -> None:
         import clamor
 
-        self.clamor, self.options = clamor, options
-        self.cluster = clamor.Cluster(workers=WORKERS, **options)
+        self.clamor, self.options, self.network = clamor, options, network
+        self.cluster = self._start()
+
+    def _start(self) -> Any:
+        options = dict(self.options)
+        if self.network is not None:
+            from clamor.testing.netns import NamespaceLauncher
+
+            options.update(launcher=NamespaceLauncher(self.network),
+                           host=self.network.driver_address, transport="tcp")  # fmt: skip
+        return self.clamor.Cluster(workers=WORKERS, **options)
 
     def restart(self) -> None:
         """A fresh cluster (the arena and its arrays stay): workers with empty caches."""
         self.cluster.close()
-        self.cluster = self.clamor.Cluster(workers=WORKERS, **self.options)
+        self.cluster = self._start()
 
     def broadcast(self, table: np.ndarray) -> np.ndarray:
         if not self.clamor.in_arena(table):
@@ -131,15 +210,29 @@ class DaskSession(Session):
 
     system = "dask"
 
-    def __init__(self) -> None:
+    def __init__(self, network: Network | None = None) -> None:
         from dask.distributed import Client, LocalCluster
 
         self.cluster = self.client = None
         try:
-            self.cluster = LocalCluster(n_workers=WORKERS, threads_per_worker=1,
-                                        processes=True, dashboard_address=None)  # fmt: skip
+            if network is None:
+                self.cluster = LocalCluster(n_workers=WORKERS, threads_per_worker=1,
+                                            processes=True, dashboard_address=None)  # fmt: skip
+            else:  # the scheduler here on the driver's address, a `dask worker` per host
+                self.cluster = LocalCluster(n_workers=0, host=network.driver_address,
+                                            scheduler_port=0, dashboard_address=None)  # fmt: skip
+                address = self.cluster.scheduler_address
+                memory = psutil.virtual_memory().total // WORKERS  # as LocalCluster's "auto"
+                self.start_on_hosts(network, lambda h: [
+                    sys.executable, "-m", "dask", "worker", address, "--nthreads", "1",
+                    "--nworkers", "1", "--host", h.address, "--no-dashboard",
+                    "--memory-limit", str(memory)])  # fmt: skip
             self.client = Client(self.cluster)
-            self.client.wait_for_workers(WORKERS, timeout=120)
+            if network is None:
+                self.client.wait_for_workers(WORKERS, timeout=120)
+            else:
+                self.wait_for(lambda: len(self.client.nthreads()) >= WORKERS,
+                              "dask workers did not register")  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -163,24 +256,67 @@ class DaskSession(Session):
         return self.client.gather(futures)
 
     def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-        if self.cluster is not None:
-            self.cluster.close()
+        try:
+            if self.client is not None:
+                self.client.close()
+            if self.cluster is not None:
+                self.cluster.close()  # the scheduler tells the namespaced workers to close
+        finally:
+            self.stop_hosts()
 
 
 class RaySession(Session):
-    """``ray.init(num_cpus=2)``; tasks ``@ray.remote(num_cpus=1)``."""
+    """``ray.init(num_cpus=2)``; tasks ``@ray.remote(num_cpus=1)``. On a network: the
+    head here on the driver's address with 0 CPUs (so no task runs on it), and one
+    ``ray start --address HEAD --node-ip-address HOST --num-cpus 1`` node per host."""
 
     system = "ray"
     copies = 1  # one copy in this host's object store, read in place by its workers
 
-    def __init__(self) -> None:
+    def __init__(self, network: Network | None = None) -> None:
         import ray
 
         self.ray = ray
-        ray.init(num_cpus=WORKERS, include_dashboard=False, logging_level="ERROR")
         self.remotes: dict[Callable, Any] = {}
+        self.gcs = ""
+        if network is None:  # "local": a new instance, never one found in /tmp/ray
+            ray.init("local", num_cpus=WORKERS, include_dashboard=False, logging_level="ERROR")
+            return
+        try:
+            ray.init("local", num_cpus=0, include_dashboard=False, logging_level="ERROR",
+                     _node_ip_address=network.driver_address)  # fmt: skip
+            self.gcs = gcs = ray.get_runtime_context().gcs_address
+
+            def node(h: Any) -> list[str]:
+                return [sys.executable, "-m", "ray.scripts.scripts", "start", "--address", gcs,
+                        "--node-ip-address", h.address, "--num-cpus", "1", "--block",
+                        "--disable-usage-stats"]  # fmt: skip
+
+            # One node at a time, a second try each: on 2 busy cores a node whose agent
+            # starts too slowly takes its raylet down with it (`ray start` exits with 1).
+            for i, host in enumerate(network.hosts):
+                for attempt in (1, 2):
+                    self.start_on_hosts(network, node, [host])
+                    try:
+                        self.wait_for(lambda i=i: ray.cluster_resources().get("CPU", 0) > i,
+                                      f"ray node on {host.address} did not join")  # fmt: skip
+                        break
+                    except RuntimeError as exc:
+                        if attempt == 2:
+                            raise
+                        progress(f"  ray: {exc}; starting it again")
+                        failed = self.procs.pop()
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(failed.pid, signal.SIGTERM)
+                        try:
+                            failed.wait(10)
+                        except subprocess.TimeoutExpired:
+                            os.killpg(failed.pid, signal.SIGKILL)
+                            failed.wait()
+            self.copies = len(network.hosts)  # the table travels to each node's object store
+        except BaseException:
+            self.close()
+            raise
 
     def broadcast(self, table: np.ndarray) -> Any:
         return self.ray.put(table)
@@ -195,8 +331,16 @@ class RaySession(Session):
         return self.ray.get([remote.remote(handle, *a) for a in args])
 
     def close(self) -> None:
-        if self.ray.is_initialized():
-            self.ray.shutdown()
+        try:
+            if self.ray.is_initialized():
+                self.ray.shutdown()  # the driver and the head it started
+        finally:
+            self.stop_hosts()  # `ray start --block` stops its node on SIGTERM
+            # `ray start` records the cluster for later `ray.init()` calls: not ours to leave
+            current = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")
+            with contextlib.suppress(OSError):
+                if self.gcs and current.read_text().strip() == self.gcs:
+                    current.unlink()
 
 
 class IpyparallelSession(Session):
@@ -204,13 +348,24 @@ class IpyparallelSession(Session):
 
     system = "ipyparallel"
 
-    def __init__(self) -> None:
+    def __init__(self, network: Network | None = None) -> None:
         import ipyparallel as ipp
 
         self.ipp, self.rc = ipp, None
-        self.cluster = ipp.Cluster(n=WORKERS, log_level=40)
         try:
-            self.rc = self.cluster.start_and_connect_sync()
+            if network is None:
+                self.cluster = ipp.Cluster(n=WORKERS, log_level=40)
+                self.rc = self.cluster.start_and_connect_sync()
+            else:  # the controller here on the driver's address, an engine per host
+                self.cluster = ipp.Cluster(n=0, log_level=40, controller_ip=network.driver_address)
+                self.cluster.start_controller_sync()
+                engine_file = os.path.join(self.cluster.profile_dir, "security",
+                                           f"ipcontroller-{self.cluster.cluster_id}-engine.json")  # fmt: skip
+                self.start_on_hosts(network, lambda h: [
+                    sys.executable, "-m", "ipyparallel.engine", f"--file={engine_file}",
+                    "--log-level=40"])  # fmt: skip
+                self.rc = self.cluster.connect_client_sync()
+                self.wait_for(lambda: len(self.rc.ids) >= WORKERS, "ipyparallel engines did not register")
             self.rc.wait_for_engines(WORKERS, timeout=120)
             self.dview, self.view = self.rc[:], self.rc.load_balanced_view()
         except BaseException:
@@ -229,17 +384,28 @@ class IpyparallelSession(Session):
         return [r.get() for r in [self.view.apply_async(fn, handle, *a) for a in args]]
 
     def close(self) -> None:
-        if self.rc is not None:
-            self.rc.close()
-        with contextlib.suppress(Exception):  # e.g. it never started
-            self.cluster.stop_cluster_sync()
+        try:
+            if self.rc is not None:
+                if getattr(self, "procs", None):  # engines this session started on the hosts
+                    with contextlib.suppress(Exception):
+                        self.rc.shutdown(targets="all", block=True)
+                self.rc.close()
+            with contextlib.suppress(Exception):  # e.g. it never started
+                self.cluster.stop_cluster_sync()
+        finally:
+            self.stop_hosts()
 
 
-def open_session(system: str, **clamor_options: Any) -> Session:
-    """Start ``system`` with ``WORKERS`` local workers (raises if it cannot)."""
+def open_session(system: str, network: Network | None = None, **clamor_options: Any) -> Session:
+    """Start ``system`` with ``WORKERS`` workers (raises if it cannot): local ones, or with
+    ``network`` (network mode, ``network.py``) one on each of its simulated hosts."""
+    if network is not None and len(network.hosts) != WORKERS:
+        raise ValueError(f"network mode runs one worker per host: {WORKERS} hosts, not "
+                         f"{len(network.hosts)}")  # fmt: skip
     if system == "clamor":
-        return ClamorSession(**clamor_options)
-    return {"dask": DaskSession, "ray": RaySession, "ipyparallel": IpyparallelSession}[system]()
+        return ClamorSession(network, **clamor_options)
+    sessions = {"dask": DaskSession, "ray": RaySession, "ipyparallel": IpyparallelSession}
+    return sessions[system](network)
 
 
 def make_table(n: int, arena: bool, chunk: int = 8 << 20) -> np.ndarray:

@@ -2,7 +2,7 @@
 """Hot-page replication: Zipf lookups from 4 workers, replication on vs. off.
 
     python bench/replication.py [--quick] [--repeat R] [--only on,off]
-                                [--table-mib M] [--lookups L] [--zipf S]
+                                [--table-mib M] [--lookups L] [--zipf S] [--network [RATE]]
 
 The dynamic-replication figure of the paper (issue 8, DESIGN.md section 9), scaled
 down: a table of M MiB of int64 in the arena (``clamor.array``, filled on the driver),
@@ -23,10 +23,14 @@ configuration runs in its own child process (this script with ``--child``).
 
 Check: every task's sum equals the same lookups done with numpy on the driver.
 
-Network mode (the issue's rate-limited links between namespaced hosts) is not
-implemented here: this is loopback TCP on one machine, where a page from a peer costs
-about what a page from the driver does, so the time ratio understates what
-replication saves when the driver's link is the bottleneck.
+On loopback TCP (the default) a page from a peer costs about what a page from the
+driver does, so the time ratio understates what replication saves when the driver's
+link is the bottleneck. ``--network [RATE]`` (``network.py``) is the paper's setting:
+each of the 4 workers on its own simulated host (a network namespace) behind a link of
+RATE (1gbit), and the driver's uplink shaped to RATE as well, so without replication
+every worker's copy of the hot pages squeezes through the driver's one link, while with
+it most pages travel host to host in parallel. Writes ``replication-network.json``
+(``replication.json`` on loopback).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
+import network
 import numpy as np
 from common import goal, median, row, save
 from harness import progress
@@ -87,8 +92,9 @@ def _warm() -> int:
 WORKER_COUNTERS = ("pages_fetched", "from_driver", "from_peers", "redirects", "peer_fallbacks")
 
 
-def run_config(args: argparse.Namespace, config: str) -> list[dict]:
-    """Measure one configuration (``on`` / ``off``) ``args.repeat`` times."""
+def run_config(args: argparse.Namespace, config: str, net: Any = None) -> list[dict]:
+    """Measure one configuration (``on`` / ``off``) ``args.repeat`` times (on the
+    simulated hosts of ``net``, a ``netns.Network``, in network mode)."""
     import clamor
 
     n = args.table_mib * 2**20 // 8
@@ -97,7 +103,11 @@ def run_config(args: argparse.Namespace, config: str) -> list[dict]:
     page_size = 0
     table = None
     for rep in range(args.repeat):
-        kw = {"page_size": args.page_size} if args.page_size else {}
+        kw: dict[str, Any] = {"page_size": args.page_size} if args.page_size else {}
+        if net is not None:
+            from clamor.testing.netns import NamespaceLauncher
+
+            kw.update(launcher=NamespaceLauncher(net), host=net.driver_address)
         with clamor.Cluster(workers=WORKERS, transport="tcp", replication=CONFIGS[config], **kw) as cluster:
             page_size = cluster.page_size
             if table is None:
@@ -140,7 +150,8 @@ def child_main(args: argparse.Namespace) -> None:
     """Measure one configuration; its rows (or an unavailable row) go to ``--child-out``."""
 
     def measure(config: str, rows: harness.Rows) -> None:
-        rows.extend(run_config(args, config))
+        with network.hosts_or_loopback(args.network, WORKERS) as net:
+            rows.extend(run_config(args, config, net))
 
     harness.child_main(args.child, args.child_out, (CASE,), measure, label=name(args.child))
 
@@ -162,11 +173,13 @@ def mib(x: float | None) -> str:
 
 def render(result: dict) -> str:
     p = result["params"]
+    where = ("over loopback" if p.get("network", "loopback") == "loopback" else
+             f"between {WORKERS} simulated hosts, links and driver uplink {p['link_rate']}")
     lines = [
-        f"# Hot-page replication: Zipf lookups from {WORKERS} workers, replication on vs off",
+        f"# {result['title']}",
         "",
         (f"Table {p['table_mib']} MiB of int64 in the arena, page size {result.get('page_size') or '?'} B, "
-         f"transport tcp over loopback; {WORKERS} workers × {TASKS_PER_WORKER} tasks × {p['lookups']:,} lookups, "
+         f"transport tcp {where}; {WORKERS} workers × {TASKS_PER_WORKER} tasks × {p['lookups']:,} lookups, "
          f"pages by bounded Zipf(s = {p['zipf']}); median of {p['repeat']} repetitions (min–max), "
          "a fresh cluster each."),
         "",
@@ -208,9 +221,11 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=0, help="arena page size (default: the arena's)")
     ap.add_argument("--only", default="on,off", help="configurations among on,off")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
+    network.add_network_argument(ap)
     ap.add_argument("--child", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
     ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    network.check_rate(ap, args.network)
     args.repeat = args.repeat or (2 if args.quick else 5)
     args.table_mib = args.table_mib or (64 if args.quick else 512)
     args.lookups = args.lookups or (20_000 if args.quick else 100_000)
@@ -220,17 +235,23 @@ def main() -> None:
     configs = [c.strip() for c in args.only.split(",") if c.strip()]
     if bad := [c for c in configs if c not in CONFIGS]:
         ap.error(f"unknown configuration(s) {', '.join(bad)}")
+    network.require(args.network)
     argv = ["--repeat", str(args.repeat), "--table-mib", str(args.table_mib), "--lookups", str(args.lookups),
             "--zipf", str(args.zipf), "--page-size", str(args.page_size or 0)]  # fmt: skip
-    rows = harness.run_all(Path(__file__).resolve(), configs, argv, (CASE,), args.timeout, label=name)
+    argv += [f"--network={args.network}"] if args.network else []
+    try:
+        rows = harness.run_all(Path(__file__).resolve(), configs, argv, (CASE,), args.timeout, label=name)
+    finally:
+        network.sweep_stale()
     result: dict[str, Any] = {
-        "workload": "replication",
-        "title": "Hot-page replication (Zipf lookups, 4 workers): replication on vs off",
+        "workload": network.workload("replication", args.network),
+        "title": network.title("Hot-page replication (Zipf lookups, 4 workers): replication on vs off",
+                               args.network, WORKERS),
         "quick": args.quick,
         "baseline": name("on"),
         "params": {"table_mib": args.table_mib, "lookups": args.lookups, "zipf": args.zipf, "repeat": args.repeat,
                    "workers": WORKERS, "tasks_per_worker": TASKS_PER_WORKER, "transport": "tcp",
-                   "network": "loopback", "configs": configs,
+                   **network.params(args.network, WORKERS), "configs": configs,
                    "command": "python bench/replication.py" + "".join(f" {a}" for a in sys.argv[1:])},
         "page_size": next((r.get("page_size") for r in rows if r.get("page_size")), None),
         "rows": rows,

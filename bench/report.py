@@ -22,7 +22,8 @@ from typing import Any
 from common import RESULTS, median, ratio, spread
 
 #: Workloads in the order the report shows them (others follow, alphabetically).
-ORDER = ("lookups", "replication", "streaming", "kdtree", "logreg", "kmeans", "overhead")
+ORDER = ("lookups", "lookups-network", "replication", "replication-network", "streaming",
+         "streaming-network", "kdtree", "logreg", "kmeans", "overhead")
 
 
 def human_bytes(n: float | None) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run every benchmark workload in turn, then write the report.
 
-    python bench/run.py [--quick] [--only lookups,kmeans] [--timeout SECONDS]
+    python bench/run.py [--quick] [--only lookups,kmeans] [--timeout SECONDS] [--network [RATE]]
 
 Each workload script (``bench/<name>.py``) runs as a subprocess (with ``--quick`` when
 given), one after the other so that they never share the machine; a script that is
@@ -9,6 +9,12 @@ missing, fails or overruns its time limit is recorded and the run goes on. Final
 ``bench/report.py`` writes ``bench/results/REPORT.md``. A summary of every workload's
 status and duration goes to ``bench/results/run.log.json`` and stderr; the exit status
 is 1 if any workload failed.
+
+``--network [RATE]`` then also runs the network variants (``lookups``, ``streaming``,
+``replication`` with ``--network RATE``: workers on simulated hosts behind links of RATE,
+default 1gbit, see ``network.py``), logged as ``<name>-network`` with twice the time
+limit. Where network namespaces cannot be built (not root, no ``ip``/``tc``), they are
+logged as ``skipped`` with the reason, which does not fail the run.
 """
 
 from __future__ import annotations
@@ -23,18 +29,26 @@ import sys
 import time
 from pathlib import Path
 
+import network
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RESULTS = BENCH / "results"
 WORKLOADS = ("lookups", "streaming", "kdtree", "replication", "logreg", "kmeans", "overhead")
+#: The workloads with a network mode (``--network``), run after all the loopback ones.
+NETWORK_WORKLOADS = ("lookups", "streaming", "replication")
 
 
-def run_one(name: str, quick: bool, timeout: float) -> dict:
-    """Run ``bench/<name>.py`` to completion (or its time limit); what happened."""
+def run_one(name: str, quick: bool, timeout: float, network: str | None = None) -> dict:
+    """Run ``bench/<name>.py`` to completion (or its time limit); what happened. With
+    ``network`` (a rate): its network mode, logged as ``<name>-network``."""
     script = BENCH / f"{name}.py"
+    if network is not None:
+        name = f"{name}-network"
     if not script.exists():
         return {"workload": name, "status": "missing", "detail": f"{script.name} not found"}
     cmd = [sys.executable, str(script)] + (["--quick"] if quick else [])
+    cmd += [f"--network={network}"] if network is not None else []
     print(f"== {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
@@ -63,8 +77,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="each workload's --quick sizes")
     ap.add_argument("--only", default="", help=f"comma-separated workloads among {','.join(WORKLOADS)}")
     ap.add_argument("--timeout", type=float, default=None,
-                    help="seconds per workload (default 1200; quick 300)")
+                    help="seconds per workload (default 1200; quick 300; network variants twice that)")
+    network.add_network_argument(ap)
     args = ap.parse_args()
+    network.check_rate(ap, args.network)
     names = [w.strip() for w in args.only.split(",") if w.strip()] or list(WORKLOADS)
     bad = [w for w in names if w not in WORKLOADS]
     if bad:
@@ -72,17 +88,25 @@ def main() -> None:
     timeout = args.timeout or (300.0 if args.quick else 1200.0)
     started = datetime.datetime.now().isoformat(timespec="seconds")
     log = [run_one(w, args.quick, timeout) for w in names]
+    if args.network is not None:
+        reason = network.missing()
+        for w in [w for w in names if w in NETWORK_WORKLOADS]:
+            if reason is not None:
+                log.append({"workload": f"{w}-network", "status": "skipped", "detail": reason})
+                print(f"== {w}-network: skipped ({reason})", file=sys.stderr, flush=True)
+            else:
+                log.append(run_one(w, args.quick, 2 * timeout, args.network))
     report = subprocess.run([sys.executable, str(BENCH / "report.py")], cwd=ROOT, check=False)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "run.log.json").write_text(json.dumps(
-        {"started": started, "quick": args.quick, "workloads": log,
+        {"started": started, "quick": args.quick, "network": args.network, "workloads": log,
          "report": "ok" if report.returncode == 0 else f"exit status {report.returncode}"},
         indent=1) + "\n")
     print("\n| workload | status | seconds | detail |\n|---|---|---:|---|", file=sys.stderr)
     for e in log:
         print(f"| {e['workload']} | {e['status']} | {e.get('seconds', '')} | {e['detail']} |",
               file=sys.stderr)
-    failed = [e for e in log if e["status"] != "ok"] or report.returncode != 0
+    failed = [e for e in log if e["status"] not in ("ok", "skipped")] or report.returncode != 0
     sys.exit(1 if failed else 0)
 
 

@@ -5,6 +5,7 @@ Dask, Ray and ipyparallel ship the whole table again (re-scatter, re-put, re-pus
 
     python bench/streaming.py [--quick] [--repeat R] [--only clamor,dask,ray,ipyparallel]
                               [--table-mib M] [--iterations I] [--key-pages K]
+                              [--network [RATE]]
 
 The table: ``M`` MiB of int64 values ``7 i + 3`` (1024 MiB; 128 MiB with ``--quick``)
 seen as pages of ``B`` bytes (Clamor's, 256 KiB). The key set: ``K`` random pages
@@ -30,6 +31,11 @@ goal: exactly one page, ``B`` bytes, per update); the peers: the table x 2 worke
 x 1, the copy into this host's object store). Every task's sum is compared with the
 driver's numpy answer after each update, so a stale page shows as a wrong row. Peak
 worker RSS and memory as in ``lookups.py``. Writes ``bench/results/streaming.json``.
+
+``--network [RATE]`` (``network.py``): the same with each system's 2 workers on 2
+simulated hosts behind links of RATE (1gbit) and the driver's uplink shaped to RATE,
+so every re-broadcast crosses the driver's link; writes
+``bench/results/streaming-network.json``. Ray's bytes are then one copy per host.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import sys
 import time
 from pathlib import Path
 
+import network
 import numpy as np
 from common import goal, median, ratio, row, save
 from harness import child_main, progress, run_all
@@ -94,7 +101,8 @@ def measure(system: str, rows, p: dict) -> None:
         clamor.configure(page_size=p["page_size"])
         options = {"page_size": p["page_size"]}
     t0 = time.perf_counter()
-    with open_session(system, **options) as s:
+    with network.hosts_or_loopback(p["network"], WORKERS) as net, \
+            open_session(system, network=net, **options) as s:
         progress(f"  {system}: started in {time.perf_counter() - t0:.1f} s")
         table = make_table(pages * per_page, arena=system == "clamor")
         clamor_counters = getattr(s, "counters", None)
@@ -159,6 +167,8 @@ def measure(system: str, rows, p: dict) -> None:
         note = ("WRONG: " + "; ".join(problems[:3])) if problems else ""
         if system == "ray":
             note = (note + "; " if note else "") + "bytes: one object-store copy per host"
+            if net is not None:
+                note += f" ({s.copies} hosts)"
         common = {"checked": not problems, "peak_worker_rss": max(rss),
                   "peak_worker_memory": max(mem), "other_cores": cores, "note": note}  # fmt: skip
         extra = {}
@@ -202,32 +212,41 @@ def goals(result: dict) -> list[dict]:
 
 def main() -> None:
     ap = arguments(__doc__.split("\n\n")[0], "128 MiB table, 4 iterations")
-    ap.add_argument("--table-mib", type=int, default=None, help="table size (1024; quick 128)")
+    ap.add_argument("--table-mib", type=int, default=None, help="table size (1024; network 256; quick 128)")
     ap.add_argument("--iterations", type=int, default=None, help="per repetition (8; quick 4)")
     ap.add_argument("--key-pages", type=int, default=64, help="pages the key set covers (64)")
     ap.add_argument("--tasks", type=int, default=4, help="tasks per iteration (4)")
     ap.add_argument("--lookups", type=int, default=1024, help="lookups per task (1024)")
     ap.add_argument("--page-size", type=int, default=256 << 10, help="bytes (256 KiB)")
+    network.add_network_argument(ap)
     args = ap.parse_args()
-    table_mib = args.table_mib or (128 if args.quick else 1024)
+    network.check_rate(ap, args.network)
+    table_mib = args.table_mib or (128 if args.quick else 256 if args.network else 1024)
     pages = (table_mib << 20) // args.page_size
     p = {"table_bytes": pages * args.page_size, "page_size": args.page_size,
          "iterations": args.iterations or (4 if args.quick else 8), "repeat": args.repeat or 1,
          "key_pages": min(args.key_pages, pages), "tasks": args.tasks, "lookups": args.lookups,
-         "workers": WORKERS, "dtype": "int64", "delta": DELTA}  # fmt: skip
+         "workers": WORKERS, "dtype": "int64", "delta": DELTA, "network": args.network}  # fmt: skip
     if args.child:
         child_main(args.child, args.child_out, CASES, lambda sy, rows: measure(sy, rows, p))
         return
     chosen = systems(ap, args.only)
+    network.require(args.network)
     argv = [f"--table-mib={table_mib}", f"--iterations={p['iterations']}",
             f"--key-pages={p['key_pages']}", f"--tasks={args.tasks}",
             f"--lookups={args.lookups}", f"--page-size={args.page_size}",
             f"--repeat={p['repeat']}"]  # fmt: skip
+    argv += [f"--network={args.network}"] if args.network else []
     t0 = time.perf_counter()
-    rows = run_all(Path(__file__).resolve(), chosen, argv, CASES, args.timeout, args.wait_idle)
-    result = {"workload": "streaming", "quick": args.quick, "page_size": args.page_size,
-              "title": f"Streaming one-key updates to a {fmt_bytes(p['table_bytes'])} table",
-              "params": {**p, "systems": chosen, "elapsed_s": time.perf_counter() - t0,
+    try:
+        rows = run_all(Path(__file__).resolve(), chosen, argv, CASES, args.timeout, args.wait_idle)
+    finally:
+        network.sweep_stale()
+    text = f"Streaming one-key updates to a {fmt_bytes(p['table_bytes'])} table"
+    result = {"workload": network.workload("streaming", args.network), "quick": args.quick,
+              "page_size": args.page_size, "title": network.title(text, args.network, WORKERS),
+              "params": {**p, **network.params(args.network, WORKERS), "systems": chosen,
+                         "elapsed_s": time.perf_counter() - t0,
                          "command": " ".join(["python bench/streaming.py", *sys.argv[1:]]),
                          "loadavg": os.getloadavg()},
               "rows": rows}  # fmt: skip

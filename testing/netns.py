@@ -3,14 +3,17 @@
 :class:`Network` builds a bridge in the root namespace (the driver's address,
 ``198.51.100.1/24``, from TEST-NET-2, which is never routed) and one namespace per
 host, each joined to the bridge by a veth pair (``198.51.100.11``, ``.12``, ...).
+:class:`NamespaceLauncher` starts a cluster's workers in the hosts' namespaces (no
+ssh needed); :meth:`Network.shape_uplink` makes the driver's traffic to all hosts
+share one link (its NIC) and :meth:`Network.throughput` measures what a link carries.
 :meth:`Network.start_sshd` runs an OpenSSH server in a host's namespace that accepts
 one generated ed25519 client key for root; :meth:`Network.rate_limit` shapes a
 host's link with ``tc``; :meth:`Network.cut` takes it down (the host becomes
 unreachable, as after a switch or cable failure). :meth:`Network.close` removes it
 all, processes in the namespaces included, and checks nothing is left.
 
-Needs root, ``ip``, ``tc``, ``ssh``, ``ssh-keygen`` and ``/usr/sbin/sshd``;
-:func:`missing_requirements` says what is missing. Names carry the creating
+Needs root, ``ip`` and ``tc``; for sshd also ``ssh``, ``ssh-keygen`` and
+``/usr/sbin/sshd``; :func:`missing_requirements` says what is missing. Names carry the creating
 process's id, and leftovers of dead processes are removed first.
 """
 
@@ -23,11 +26,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Self
 
 import psutil
+from clamor.runtime.launcher import LocalLauncher, worker_command
 
 SUBNET = "198.51.100"
 DRIVER_ADDRESS = f"{SUBNET}.1"
@@ -36,14 +41,15 @@ _NS_RE = re.compile(r"^clamor-(\d+)-h\d+$")
 _LINK_RE = re.compile(r"^cl(?:br|v|p)(\d+)(?:h\d+)?$")
 
 
-def missing_requirements() -> str | None:
-    """Why namespaced hosts cannot be built here (``None``: they can)."""
+def missing_requirements(sshd: bool = True) -> str | None:
+    """Why namespaced hosts cannot be built here (``None``: they can). ``sshd=False``:
+    without :meth:`Network.start_sshd` (e.g. workers started by :class:`NamespaceLauncher`)."""
     if os.geteuid() != 0:
-        return "needs root (network namespaces, veth pairs, tc, sshd)"
-    for tool in ("ip", "tc", "ssh", "ssh-keygen"):
+        return "needs root (network namespaces, veth pairs, tc" + (", sshd)" if sshd else ")")
+    for tool in ("ip", "tc", *(("ssh", "ssh-keygen") if sshd else ())):
         if shutil.which(tool) is None:
             return f"needs {tool!r} on PATH"
-    if not os.access(SSHD, os.X_OK):
+    if sshd and not os.access(SSHD, os.X_OK):
         return f"needs the OpenSSH server at {SSHD}"
     probe = f"clamor-{os.getpid()}-probe"
     done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
@@ -51,6 +57,52 @@ def missing_requirements() -> str | None:
         return f"cannot create network namespaces: {done.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
     return None
+
+
+def _burst(rate: str) -> str:
+    """A token-bucket burst for ``rate``: 256 KiB, or 2 ms worth at high rates (tbf needs
+    at least a timer tick's worth of bytes to reach its rate)."""
+    bits = rate_bits(rate)
+    return f"{max(256 << 10, int(bits / 8 * 0.002))}b"
+
+
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def rate_bits(rate: str) -> float:
+    """Bits per second of a ``tc`` rate such as ``"100mbit"`` or ``"1gbit"``."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(bit|bps)\s*", rate.lower())
+    if m is None:
+        raise ValueError(f"not a tc rate (e.g. 100mbit, 1gbit): {rate!r}")
+    value = float(m.group(1)) * _UNITS[m.group(2)]
+    return value * 8 if m.group(3) == "bps" else value
+
+
+# A TCP sink for Network.throughput: bytes received and seconds from first byte to EOF.
+_RECEIVER = """
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(60)
+print("listening", flush=True)
+c, _ = s.accept(); c.settimeout(60); buf = bytearray(1 << 20); n = 0; t0 = None
+while True:
+    k = c.recv_into(buf)
+    if not k:
+        break
+    if t0 is None:
+        t0 = time.monotonic()
+    n += k
+print(n, time.monotonic() - (t0 or time.monotonic()))
+"""
+# A TCP source: sends for argv[3] seconds to argv[1]:argv[2].
+_SENDER = """
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+buf = b"x" * (1 << 20); end = time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    c.sendall(buf)
+c.close()
+"""
 
 
 def run(*command: str, check: bool = True, timeout: float = 30) -> str:
@@ -139,6 +191,7 @@ class Network:
         self.client_key = self.workdir / "client_ed25519"
         self._made_run_sshd = False
         self._closed = False
+        self.uplink: str | None = None  # the driver's link rate (shape_uplink)
         remove_stale()
         in_use = run("ip", "-o", "addr", "show", "to", f"{SUBNET}.0/24").strip()
         if in_use:
@@ -173,9 +226,73 @@ class Network:
 
     def rate_limit(self, host: Host, rate: str = "100mbit") -> None:
         """Shape ``host``'s link both ways with a token bucket (``tc ... tbf``)."""
-        shape = ["root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"]
-        run("tc", "qdisc", "add", "dev", host.veth, *shape)
-        run("ip", "netns", "exec", host.ns, "tc", "qdisc", "add", "dev", host.peer, *shape)
+        shape = ["root", "tbf", "rate", rate, "burst", _burst(rate), "latency", "50ms"]
+        run("tc", "qdisc", "replace", "dev", host.veth, *shape)
+        run("ip", "netns", "exec", host.ns, "tc", "qdisc", "replace", "dev", host.peer, *shape)
+
+    def shape_uplink(self, rate: str) -> None:
+        """Model the driver's NIC: everything the driver sends to the hosts shares one
+        link of ``rate`` (a token bucket on the bridge device).
+
+        The driver's packets to a host leave the root namespace through the bridge
+        device (``br_dev_xmit``), so they pass its qdisc; packets from one host to
+        another are forwarded between bridge ports and never do, so host-to-host traffic
+        is limited only by the hosts' own links (:meth:`rate_limit`). Measured by
+        tests/testing/test_netns.py with :meth:`throughput`. Only the driver's sending
+        side is shaped: what the hosts send to the driver (requests, results) is
+        limited by their own links.
+        """
+        shape = ["root", "tbf", "rate", rate, "burst", _burst(rate), "latency", "50ms"]
+        run("tc", "qdisc", "replace", "dev", self.bridge, *shape)
+        self.uplink = rate
+
+    def uplink_qdisc(self) -> str:
+        """``tc qdisc show`` of the bridge device (the driver's uplink)."""
+        return run("tc", "qdisc", "show", "dev", self.bridge)
+
+    def throughput(
+        self, sender: Host | None, receivers: list[Host], seconds: float = 1.0
+    ) -> list[float]:
+        """Bytes per second a TCP stream from ``sender`` (``None``: the driver) gets to
+        each of ``receivers`` (distinct hosts), all streams running at the same time for
+        ``seconds``. Sender and receivers are small Python processes (port 29100)."""
+        port = 29100
+        listeners = []
+        try:
+            for h in receivers:
+                listeners.append(subprocess.Popen(
+                    ["ip", "netns", "exec", h.ns, sys.executable, "-c", _RECEIVER, h.address,
+                     str(port)],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                ))  # fmt: skip
+            for proc, h in zip(listeners, receivers, strict=True):
+                if proc.stdout.readline().strip() != "listening":  # type: ignore[union-attr]
+                    raise RuntimeError(f"throughput receiver on {h.address}: {proc.stderr.read()}")  # type: ignore[union-attr]
+            prefix = [] if sender is None else ["ip", "netns", "exec", sender.ns]
+            senders = [
+                subprocess.Popen(
+                    [*prefix, sys.executable, "-c", _SENDER, h.address, str(port), str(seconds)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                )
+                for h in receivers
+            ]  # fmt: skip
+            for proc in senders:
+                _, err = proc.communicate(timeout=seconds + 30)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"throughput sender failed: {err.strip()}")
+            rates = []
+            for proc, h in zip(listeners, receivers, strict=True):
+                out, err = proc.communicate(timeout=30)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"throughput receiver on {h.address}: {err.strip()}")
+                nbytes, elapsed = out.split()
+                rates.append(int(nbytes) / max(float(elapsed), 1e-9))
+            return rates
+        finally:
+            for proc in listeners:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
 
     def qdisc(self, host: Host) -> str:
         """``tc qdisc show`` of ``host``'s root-side link."""
@@ -298,3 +415,54 @@ class Network:
         return [h.ns for h in self.hosts if h.ns in names] + [
             n for n in [self.bridge, *(h.veth for h in self.hosts)] if n in links
         ]
+
+
+class NamespaceLauncher(LocalLauncher):
+    """Clamor workers on a :class:`Network`'s hosts: worker ``i`` runs in host
+    ``i % len(hosts)``'s namespace (``ip netns exec NS python -m clamor.runtime.worker
+    ... --host ADDRESS``), serving pages to its peers on that host's address.
+
+    ``clamor.Cluster(workers=N, launcher=NamespaceLauncher(network),
+    host=network.driver_address, transport="tcp")``. ``ip netns exec`` replaces itself
+    with the worker (no fork), so the process this launcher starts *is* the worker:
+    :meth:`kill`, :meth:`alive`, the driver-death safeguards and the registration's pid
+    check work as for local workers. Page traffic crosses the hosts' links (and the
+    driver's, if :meth:`Network.shape_uplink` shaped it).
+    """
+
+    name = "netns"
+
+    def __init__(self, network: Network, env: dict[str, str] | None = None) -> None:
+        super().__init__(env)
+        if not network.hosts:
+            raise ValueError("NamespaceLauncher needs a network with at least one host")
+        self.network = network
+        self._placing: Host | None = None
+
+    def host_of(self, worker_id: int) -> Host:
+        """The simulated host that ``worker_id`` runs on."""
+        return self.network.hosts[worker_id % len(self.network.hosts)]
+
+    def spawn(self, worker_id: int) -> None:
+        """Start worker ``worker_id`` in its host's namespace."""
+        self._placing = self.host_of(worker_id)
+        try:
+            super().spawn(worker_id)
+        finally:
+            self._placing = None
+
+    def command(self) -> list[str]:
+        """``ip netns exec NS`` + the worker command, serving on the host's address."""
+        host = self._placing
+        if host is None:
+            raise RuntimeError("NamespaceLauncher.command() is only used by spawn()")
+        super().command()  # writes the token file (in the shared file system)
+        assert self.token_file is not None
+        return ["ip", "netns", "exec", host.ns,
+                *worker_command(self.connect, self.token_file, host=host.address)]  # fmt: skip
+
+    def describe(self, worker_id: int) -> str:
+        """``ADDRESS pid N`` (the host's address and the worker's pid)."""
+        if worker_id not in self.worker_ids:
+            return super().describe(worker_id)
+        return f"{self.host_of(worker_id).address} pid {self.pid(worker_id)}"
