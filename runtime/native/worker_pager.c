@@ -129,11 +129,29 @@ static void record(uint64_t p, uint32_t v) {
     pthread_mutex_unlock(&W.rs_lock);
 }
 
-/* Maps a cached page into the read-only range and wakes its faulting threads. */
+/* Maps a cached page into the read-only range and wakes its faulting threads.
+ * A page can be found partly mapped (a task-start zap racing a mapping of the
+ * same page): UFFDIO_CONTINUE then stops with EEXIST at the first mapped 4 KiB
+ * piece, having mapped only what came before it. The rest is mapped piece by
+ * piece, skipping the mapped ones; giving up at EEXIST instead leaves a faulting
+ * thread on an unmapped piece that faults again forever (seen in bench/lookups.py
+ * --network: a worker spinning at 100 % with UFFDIO_CONTINUE -> EEXIST). */
 static void map_page(uint64_t p) {
-    struct uffdio_continue c = {.range = {(uint64_t)(uintptr_t)(W.ro + p * W.ps), W.ps}};
-    if (ioctl(W.uffd, UFFDIO_CONTINUE, &c) == 0) return;
-    if (errno != EEXIST) cl_log("worker %d: mapping page %llu failed: %s", W.id, (unsigned long long)p, strerror(errno));
+    const uint64_t piece = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t at = (uint64_t)(uintptr_t)(W.ro + p * W.ps);
+    const uint64_t end = at + W.ps;
+    while (at < end) {
+        struct uffdio_continue c = {.range = {at, end - at}};
+        if (ioctl(W.uffd, UFFDIO_CONTINUE, &c) == 0) return; /* mapped to the end, and woken */
+        if (errno == EAGAIN && c.mapped > 0) {
+            at += (uint64_t)c.mapped; /* stopped short at a mapped piece: EEXIST next */
+        } else if (errno == EEXIST) {
+            at += piece; /* the first piece is mapped already */
+        } else {
+            cl_log("worker %d: mapping page %llu failed: %s", W.id, (unsigned long long)p, strerror(errno));
+            break;
+        }
+    }
     struct uffdio_range r = {(uint64_t)(uintptr_t)(W.ro + p * W.ps), W.ps};
     ioctl(W.uffd, UFFDIO_WAKE, &r);
 }

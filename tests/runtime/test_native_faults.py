@@ -76,3 +76,35 @@ def test_a_real_segfault_on_a_worker_is_reported_as_a_lost_worker():
 
         with pytest.raises(clamor.WorkerLostError, match="SIGSEGV|signal 11"):
             c.run(crash, x)
+
+
+def test_a_partly_mapped_page_is_mapped_whole_instead_of_faulting_forever():
+    # A task-start zap racing the mapping of a page can leave some of its 4 KiB pieces
+    # mapped and others not. Made here for real: a worker maps a 256 KiB page, then
+    # unmaps all of it but the first piece (MADV_DONTNEED), then reads further in.
+    done = run_python(
+        """
+        import numpy as np, clamor
+        x = clamor.array(4 * 262144 // 8, dtype=np.int64)
+        x[:] = np.arange(len(x))
+
+        def partly_mapped(a):
+            import ctypes, mmap
+            libc = ctypes.CDLL(None, use_errno=True)
+            page = a[32768:65536]                  # the arena's second 256 KiB page
+            first = int(page[0])                   # maps the whole page
+            addr = page.__array_interface__["data"][0]
+            assert libc.madvise(ctypes.c_void_p(addr + 4096), ctypes.c_size_t(262144 - 4096),
+                                mmap.MADV_DONTNEED) == 0, ctypes.get_errno()
+            return first, int(page[16384]), int(page[-1]), int(page.sum())
+
+        with clamor.Cluster(workers=1, page_size=262144, transport="tcp") as c:
+            got = c.run_stage([(c.workers[0], partly_mapped, (x,))])[0]
+        want = (32768, 32768 + 16384, 65535, int(x[32768:65536].sum()))
+        assert got == want, (got, want)
+        print("ok")
+        """,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ok" in done.stdout
