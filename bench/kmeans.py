@@ -272,8 +272,11 @@ def run_spark(p: dict) -> list[dict]:
     import psutil
 
     sampler = RssSampler()
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # else Spark binds the host's external address
     try:
         spark = (SparkSession.builder.master(f"local[{WORKERS}]").appName("clamor-kmeans")
+                 .config("spark.driver.bindAddress", "127.0.0.1")
+                 .config("spark.driver.host", "127.0.0.1")
                  .config("spark.ui.enabled", "false").config("spark.driver.memory", "4g")
                  .config("spark.python.worker.reuse", "true")
                  .config("spark.ui.showConsoleProgress", "false").getOrCreate())
