@@ -512,7 +512,8 @@ def main() -> None:
             "on one host, ray.put stores the tree's arrays once in shared memory and Ray's workers "
             "map them in place (pickle protocol 5), so shipping the whole tree costs one memory "
             "copy; Clamor's advantage, paging in only the part of the tree the region touches, "
-            "needs a real link between driver and workers (see the network mode)")
+            "needs a real link between driver and workers, which this workload does not model "
+            "(lookups-network shows the effect on a table)")
     save(result)
     print(render(result))
 

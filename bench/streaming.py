@@ -16,7 +16,7 @@ table). A task returns ``table[keys].sum()``.
 
 After the table is broadcast (untimed) and one untimed warm-up iteration:
 
-* **lookup only**: ``I x R`` iterations of the tasks alone (8 x 1 by default);
+* **lookup only**: ``I x R`` iterations of the tasks alone (16 x 1 by default);
 * **iteration**: ``I x R`` iterations of an update then the tasks, each timed from the
   update to the last result: the driver adds 1,000,003 to one random key of the key set
   (``table[k] += ...``) and then clamor does nothing more (the next stage invalidates the
@@ -183,6 +183,20 @@ def measure(system: str, rows, p: dict) -> None:
                         bytes_moved=int(median(moved)), **common))  # fmt: skip
 
 
+def _why_update(rows: list[dict]) -> str:
+    """What Clamor's update cost is made of, for a missed goal (empty when it is met)."""
+    c, r = find(rows, "clamor", "update"), find(rows, "clamor", "iteration")
+    look = find(rows, "clamor", "lookup only")
+    if not (c and r and look and c["seconds"] and r.get("write_s_runs") and look["seconds"]):
+        return ""
+    lo, hi = min(look["seconds"]), max(look["seconds"])
+    return (f"Clamor's update costs {median(c['seconds']) * 1e3:.1f} ms: the driver's write "
+            f"({median(r['write_s_runs']) * 1e3:.2f} ms, the write trap and the old version "
+            "logged), one page re-fetched by the tasks that read it, and the run-to-run noise "
+            f"of a stage on 2 shared cores (lookup-only stages alone vary "
+            f"{lo * 1e3:.1f}–{hi * 1e3:.1f} ms)")
+
+
 def goals(result: dict) -> list[dict]:
     rows, out = result["rows"], []
     for peer in ("dask", "ipyparallel"):
@@ -194,7 +208,7 @@ def goals(result: dict) -> list[dict]:
         out.append(goal(text, None, 50.0, "Clamor's update cost is within the noise of its "
                         "lookup time (median <= 0): not measurable as a difference"))  # fmt: skip
     else:
-        out.append(goal(text, ratio(result, "ray", "update"), 50.0))
+        out.append(goal(text, ratio(result, "ray", "update"), 50.0, _why_update(rows)))
     c = find(rows, "clamor", "iteration")
     page = result["page_size"]
     if c and c.get("pages_moved_runs"):
@@ -213,7 +227,7 @@ def goals(result: dict) -> list[dict]:
 def main() -> None:
     ap = arguments(__doc__.split("\n\n")[0], "128 MiB table, 4 iterations")
     ap.add_argument("--table-mib", type=int, default=None, help="table size (1024; network 256; quick 128)")
-    ap.add_argument("--iterations", type=int, default=None, help="per repetition (8; quick 4)")
+    ap.add_argument("--iterations", type=int, default=None, help="per repetition (16; quick 4)")
     ap.add_argument("--key-pages", type=int, default=64, help="pages the key set covers (64)")
     ap.add_argument("--tasks", type=int, default=4, help="tasks per iteration (4)")
     ap.add_argument("--lookups", type=int, default=1024, help="lookups per task (1024)")
@@ -224,7 +238,7 @@ def main() -> None:
     table_mib = args.table_mib or (128 if args.quick else 256 if args.network else 1024)
     pages = (table_mib << 20) // args.page_size
     p = {"table_bytes": pages * args.page_size, "page_size": args.page_size,
-         "iterations": args.iterations or (4 if args.quick else 8), "repeat": args.repeat or 1,
+         "iterations": args.iterations or (4 if args.quick else 16), "repeat": args.repeat or 1,
          "key_pages": min(args.key_pages, pages), "tasks": args.tasks, "lookups": args.lookups,
          "workers": WORKERS, "dtype": "int64", "delta": DELTA, "network": args.network}  # fmt: skip
     if args.child:
