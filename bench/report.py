@@ -83,7 +83,7 @@ def plot(result: dict) -> str | None:
         bars = ax.bar(xs, ys, width, label=s)
         for b, y in zip(bars, ys):
             if y:
-                ax.annotate(f"{y:.2g}×", (b.get_x() + b.get_width() / 2, y), ha="center",
+                ax.annotate((f"{y:.0f}×" if y >= 10 else f"{y:.2g}×"), (b.get_x() + b.get_width() / 2, y), ha="center",
                             va="bottom", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(cs)), cs)
