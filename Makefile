@@ -54,7 +54,7 @@ bench-deps:
 	    default-jre-headless >/dev/null; }
 	$(PIP) install -q -r bench/requirements.txt
 
-## Every workload side by side with its peers, then lookups, streaming and replication
+## Every workload side by side with its peers, then lookups, streaming, replication and kdtree
 ## again on simulated hosts behind 1 Gbit/s links (network mode, needs root), then
 ## bench/results/REPORT.md.
 bench: $(STAMP) bench-deps

@@ -1,6 +1,6 @@
 """Network mode of the benchmarks: the workers on simulated hosts behind rate-limited links.
 
-``--network [RATE]`` (``lookups.py``, ``streaming.py``, ``replication.py``, and
+``--network [RATE]`` (``lookups.py``, ``streaming.py``, ``replication.py``, ``kdtree.py``, and
 ``run.py --network``) runs the same workload with every worker of every system on its
 own simulated host (a Linux network namespace, ``clamor.testing.netns``) instead of
 loopback. The topology, built inside each system's child process by

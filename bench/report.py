@@ -23,7 +23,7 @@ from common import RESULTS, median, ratio, spread
 
 #: Workloads in the order the report shows them (others follow, alphabetically).
 ORDER = ("lookups", "lookups-network", "replication", "replication-network", "streaming",
-         "streaming-network", "kdtree", "logreg", "kmeans", "overhead")
+         "streaming-network", "kdtree", "kdtree-network", "logreg", "kmeans", "overhead")
 
 
 def human_bytes(n: float | None) -> str:

@@ -11,7 +11,7 @@ status and duration goes to ``bench/results/run.log.json`` and stderr; the exit 
 is 1 if any workload failed.
 
 ``--network [RATE]`` then also runs the network variants (``lookups``, ``streaming``,
-``replication`` with ``--network RATE``: workers on simulated hosts behind links of RATE,
+``replication``, ``kdtree`` with ``--network RATE``: workers on simulated hosts behind links of RATE,
 default 1gbit, see ``network.py``), logged as ``<name>-network`` with twice the time
 limit. Where network namespaces cannot be built (not root, no ``ip``/``tc``), they are
 logged as ``skipped`` with the reason, which does not fail the run.
@@ -36,7 +36,7 @@ ROOT = BENCH.parent
 RESULTS = BENCH / "results"
 WORKLOADS = ("lookups", "streaming", "kdtree", "replication", "logreg", "kmeans", "overhead")
 #: The workloads with a network mode (``--network``), run after all the loopback ones.
-NETWORK_WORKLOADS = ("lookups", "streaming", "replication")
+NETWORK_WORKLOADS = ("lookups", "streaming", "replication", "kdtree")
 
 
 def run_one(name: str, quick: bool, timeout: float, network: str | None = None) -> dict:
