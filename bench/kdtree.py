@@ -147,10 +147,7 @@ def run_clamor(args: argparse.Namespace, points: np.ndarray, queries: np.ndarray
     options: dict[str, Any] = {"transport": args.transport}
     for rep in range(args.repeat):
         if net is not None:  # one worker per simulated host, pages over TCP
-            from clamor.testing.netns import NamespaceLauncher
-
-            options = {"launcher": NamespaceLauncher(net), "host": net.driver_address,
-                       "transport": "tcp"}  # fmt: skip
+            options = network.cluster_options(net)
         with clamor.Cluster(workers=WORKERS, **options) as cluster:
             page_size = cluster.page_size
             cluster.run_stage([(w, _warm, ()) for w in cluster.workers])

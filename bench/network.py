@@ -95,6 +95,14 @@ def simulated_hosts(hosts: int, rate: str, uplink: str | None = None) -> Iterato
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def cluster_options(network: netns.Network) -> dict:
+    """``clamor.Cluster`` options for a cluster whose workers run on ``network``'s hosts
+    (one per host, in turn), with the driver on its address and pages over TCP. A new
+    launcher each call: one serves one cluster."""
+    return {"launcher": netns.NamespaceLauncher(network), "host": network.driver_address,
+            "transport": "tcp"}  # fmt: skip
+
+
 def sweep_stale() -> None:
     """In a parent: remove namespaces and links a killed child left (its pid is gone)."""
     if netns.missing_requirements(sshd=False) is None:

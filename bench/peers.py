@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 
+import network as netmode  # the module; `network` is the argument everywhere here
 import numpy as np
 import psutil
 from common import median, ratio
@@ -169,10 +170,7 @@ class ClamorSession(Session):
     def _start(self) -> Any:
         options = dict(self.options)
         if self.network is not None:
-            from clamor.testing.netns import NamespaceLauncher
-
-            options.update(launcher=NamespaceLauncher(self.network),
-                           host=self.network.driver_address, transport="tcp")  # fmt: skip
+            options.update(netmode.cluster_options(self.network))
         return self.clamor.Cluster(workers=WORKERS, **options)
 
     def restart(self) -> None:

@@ -104,11 +104,10 @@ def run_config(args: argparse.Namespace, config: str, net: Any = None) -> list[d
     table = None
     for rep in range(args.repeat):
         kw: dict[str, Any] = {"page_size": args.page_size} if args.page_size else {}
+        kw["transport"] = "tcp"
         if net is not None:
-            from clamor.testing.netns import NamespaceLauncher
-
-            kw.update(launcher=NamespaceLauncher(net), host=net.driver_address)
-        with clamor.Cluster(workers=WORKERS, transport="tcp", replication=CONFIGS[config], **kw) as cluster:
+            kw.update(network.cluster_options(net))
+        with clamor.Cluster(workers=WORKERS, replication=CONFIGS[config], **kw) as cluster:
             page_size = cluster.page_size
             if table is None:
                 table = clamor.array(n, np.int64)
