@@ -27,7 +27,8 @@ from typing import Any, Self
 
 import cloudpickle
 import grpc
-from clamor.runtime import arena, checkpoint, lineage, shipping, snapshots
+from clamor.runtime import checkpoint, lineage, shipping, snapshots
+from clamor.runtime.cluster_inspection import ClusterInspection
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.dataset import DatasetSources
 from clamor.runtime.errors import ClamorError, WorkerLostError
@@ -141,7 +142,7 @@ def _shutdown(
         paging.close()
 
 
-class Cluster(DatasetSources):
+class Cluster(ClusterInspection, DatasetSources):
     """Worker processes and the scheduler that drives them.
 
     ``workers``: how many (default ``os.cpu_count()``); ``host``: the address the
@@ -494,80 +495,9 @@ class Cluster(DatasetSources):
         with self._cond:
             return sorted(w.id for w in self._workers.values() if w.ready and w.lost is None)
 
-    def worker_stats(self) -> list[dict]:
-        """Per worker (lost ones included): ``id``, ``pid``, ``host``, ``address``, ``alive``,
-        and for live ones the worker's own stats (``tasks_run``, ``rss_bytes``, paging counters)."""
-        self._refresh()
-        with self._cond:
-            workers = sorted(self._workers.values(), key=lambda w: w.id)
-        calls = [
-            (w, w.stub.Stats.future(pb.StatsRequest(), timeout=10) if w.lost is None else None)
-            for w in workers
-        ]
-        result = []
-        for worker, future in calls:
-            entry: dict[str, Any] = {
-                "id": worker.id,
-                "pid": worker.pid,
-                "host": worker.host,
-                "address": worker.address,
-                "alive": worker.lost is None,
-            }
-            if future is not None:
-                try:
-                    entry.update(pickle.loads(future.result().stats))
-                except grpc.RpcError as exc:
-                    entry["error"] = f"{exc.code().name}: {exc.details()}"
-                entry.update(id=worker.id, pid=worker.pid, host=worker.host)
-            else:
-                entry["lost"] = worker.lost
-            result.append(entry)
-        return result
-
-    def stats(self) -> dict:
-        """The observability contract of DESIGN 5: paging counters, stage and task counts,
-        worker totals (``pages_fetched``, ``faults``) and ``workers`` (:meth:`worker_stats`)."""
-        stats = dict(self._paging.stats())
-        workers = self.worker_stats()
-        stats.update(stages_run=self._executor.stages_run, tasks_run=self._executor.tasks_run)
-        stats.update(self.counters())
-        stats["scheduler"] = self._executor.snapshot()
-        for key in ("pages_fetched", "faults"):
-            stats[key] = sum(w.get(key, 0) for w in workers)
-        stats["workers"] = workers
-        return stats
-
-    def counters(self) -> dict[str, int]:
-        """Fault-tolerance counters, without calling the workers: ``tasks_rerun``,
-        ``tasks_speculated``, ``tasks_replaced``, ``tasks_lost``, ``tasks_recomputed``."""
-        counters = dict(self._executor.counters())
-        counters["tasks_recomputed"] = lineage.recovery_counters(self)["tasks_recomputed"]
-        return counters
-
-    @property
-    def telemetry(self) -> Any:
-        """The attempts, stages and events the driver saw (runtime/telemetry.py)."""
-        return self._executor.telemetry
-
-    @property
-    def publisher(self) -> snapshots.Publisher:
-        """Publishes :class:`~clamor.runtime.snapshots.ClusterSnapshot` s to the views."""
-        if self._publisher is None:
-            self._publisher = snapshots.Publisher(self)
-        return self._publisher
-
-    def snapshot(self) -> snapshots.ClusterSnapshot:
-        """A snapshot of pages, tasks, events and lineage now (what the views draw)."""
-        return self.publisher.snapshot()
-
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def scheduler_snapshot(self) -> dict:
-        """The scheduler's state as plain data (stages' task counts, per-worker running and
-        done, counters), without calling the workers: cheap enough for progress bars."""
-        return self._executor.snapshot()
 
     @property
     def paging(self) -> DriverPaging:
@@ -577,25 +507,6 @@ class Cluster(DatasetSources):
     @property
     def page_size(self) -> int:
         return int(getattr(self._paging, "page_size", 0))
-
-    def page_stats(self, var: Any = None) -> dict:
-        """Per-page arrays (``requests``, ``driver_bytes``, ``peer_bytes``, ``holders``,
-        ``version``) for the arena array ``var``, or the whole used arena; ``first_page``."""
-        if var is None:
-            first, count = 0, None
-        else:
-            first, end = arena.page_span(var, self.page_size)
-            count = end - first
-        stats = self._paging.page_stats(first, count)
-        stats["first_page"] = first
-        return stats
-
-    def worker_pid(self, worker_id: int) -> int:
-        return self._workers[worker_id].pid
-
-    def worker_info(self, worker_id: int) -> dict:
-        """What the worker's pager announced: ``host``, ``page_port``, ``shm``."""
-        return dict(self._workers[worker_id].info)
 
     def kill_worker(self, worker_id: int) -> None:
         """SIGKILL a worker's process (fault injection) and wait until it has exited."""

@@ -1,0 +1,120 @@
+"""What a :class:`~clamor.runtime.cluster.Cluster` shows about itself (DESIGN 5's
+observability contract): per-worker stats, the cluster's counters, per-page arrays,
+snapshots for the views. Read-only: nothing here changes the cluster.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from clamor.runtime import arena, lineage, snapshots
+from clamor.runtime.proto import clamor_pb2 as pb
+
+if TYPE_CHECKING:
+    from clamor.runtime.executor import Executor
+    from clamor.runtime.paging_api import DriverPaging
+
+
+class ClusterInspection:
+    """The inspection half of ``Cluster`` (a mixin: it reads the cluster's own state)."""
+
+    _workers: dict[int, Any]
+    _cond: threading.Condition
+    _executor: Executor
+    _paging: DriverPaging
+    _publisher: snapshots.Publisher | None
+    page_size: int
+    _refresh: Any  # the cluster's: marks workers whose process exited as lost
+
+    def worker_stats(self) -> list[dict]:
+        """Per worker (lost ones included): ``id``, ``pid``, ``host``, ``address``, ``alive``,
+        and for live ones the worker's own stats (``tasks_run``, ``rss_bytes``, paging counters)."""
+        self._refresh()
+        with self._cond:
+            workers = sorted(self._workers.values(), key=lambda w: w.id)
+        calls = [
+            (w, w.stub.Stats.future(pb.StatsRequest(), timeout=10) if w.lost is None else None)
+            for w in workers
+        ]
+        result = []
+        for worker, future in calls:
+            entry: dict[str, Any] = {
+                "id": worker.id,
+                "pid": worker.pid,
+                "host": worker.host,
+                "address": worker.address,
+                "alive": worker.lost is None,
+            }
+            if future is not None:
+                try:
+                    entry.update(pickle.loads(future.result().stats))
+                except grpc.RpcError as exc:
+                    entry["error"] = f"{exc.code().name}: {exc.details()}"
+                entry.update(id=worker.id, pid=worker.pid, host=worker.host)
+            else:
+                entry["lost"] = worker.lost
+            result.append(entry)
+        return result
+
+    def stats(self) -> dict:
+        """The observability contract of DESIGN 5: paging counters, stage and task counts,
+        worker totals (``pages_fetched``, ``faults``) and ``workers`` (:meth:`worker_stats`)."""
+        stats = dict(self._paging.stats())
+        workers = self.worker_stats()
+        stats.update(stages_run=self._executor.stages_run, tasks_run=self._executor.tasks_run)
+        stats.update(self.counters())
+        stats["scheduler"] = self._executor.snapshot()
+        for key in ("pages_fetched", "faults"):
+            stats[key] = sum(w.get(key, 0) for w in workers)
+        stats["workers"] = workers
+        return stats
+
+    def counters(self) -> dict[str, int]:
+        """Fault-tolerance counters, without calling the workers: ``tasks_rerun``,
+        ``tasks_speculated``, ``tasks_replaced``, ``tasks_lost``, ``tasks_recomputed``."""
+        counters = dict(self._executor.counters())
+        counters["tasks_recomputed"] = lineage.recovery_counters(self)["tasks_recomputed"]
+        return counters
+
+    @property
+    def telemetry(self) -> Any:
+        """The attempts, stages and events the driver saw (runtime/telemetry.py)."""
+        return self._executor.telemetry
+
+    @property
+    def publisher(self) -> snapshots.Publisher:
+        """Publishes :class:`~clamor.runtime.snapshots.ClusterSnapshot` s to the views."""
+        if self._publisher is None:
+            self._publisher = snapshots.Publisher(self)
+        return self._publisher
+
+    def snapshot(self) -> snapshots.ClusterSnapshot:
+        """A snapshot of pages, tasks, events and lineage now (what the views draw)."""
+        return self.publisher.snapshot()
+
+    def scheduler_snapshot(self) -> dict:
+        """The scheduler's state as plain data (stages' task counts, per-worker running and
+        done, counters), without calling the workers: cheap enough for progress bars."""
+        return self._executor.snapshot()
+
+    def page_stats(self, var: Any = None) -> dict:
+        """Per-page arrays (``requests``, ``driver_bytes``, ``peer_bytes``, ``holders``,
+        ``version``) for the arena array ``var``, or the whole used arena; ``first_page``."""
+        if var is None:
+            first, count = 0, None
+        else:
+            first, end = arena.page_span(var, self.page_size)
+            count = end - first
+        stats = self._paging.page_stats(first, count)
+        stats["first_page"] = first
+        return stats
+
+    def worker_pid(self, worker_id: int) -> int:
+        return self._workers[worker_id].pid
+
+    def worker_info(self, worker_id: int) -> dict:
+        """What the worker's pager announced: ``host``, ``page_port``, ``shm``."""
+        return dict(self._workers[worker_id].info)
