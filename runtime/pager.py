@@ -23,6 +23,7 @@ ffi, lib = _native.ffi, _native.lib
 
 TRANSPORTS = ("auto", "shm", "tcp")
 _ERRLEN = 512
+MIN_CACHE_PAGES = 4  # a non-zero page-cache budget is never below this many pages
 _worker_pager: WorkerPager | None = None
 
 
@@ -233,6 +234,8 @@ class WorkerPager:
         self.port = int(port)
         self.uses_shm = bool(shm_arena)
         self.tls = tls is not None
+        self.cache_limit_pages = cache_limit_pages(int(config.get("page_cache_bytes") or 0), self.page_size)
+        lib.clamor_worker_set_cache_limit(self.cache_limit_pages)
         base = lib.clamor_worker_base()
         view = np.frombuffer(ffi.buffer(base, self.arena_size), dtype=np.uint8)
         view.flags.writeable = False
@@ -240,7 +243,13 @@ class WorkerPager:
         _worker_pager = self
 
     def info(self) -> dict:
-        return {"host": self.bind_host, "page_port": self.port, "shm": self.uses_shm, "tls": self.tls}
+        return {
+            "host": self.bind_host,
+            "page_port": self.port,
+            "shm": self.uses_shm,
+            "tls": self.tls,
+            "cache_limit_pages": self.cache_limit_pages,
+        }
 
     def begin_task(self, epoch: int) -> None:
         lib.clamor_worker_begin_task(epoch)
@@ -274,6 +283,20 @@ class WorkerPager:
         """Fault in [offset, offset + length) now, e.g. before handing it to a system call."""
         if lib.clamor_worker_touch(offset, length):
             raise PagingError(f"range {offset}+{length} is outside the arena")
+
+
+def cache_limit_pages(budget_bytes: int, page_size: int) -> int:
+    """The page-cache limit in whole pages for a budget in bytes (0: unlimited).
+
+    Rounded down, so the cache stays within the budget, but never below
+    MIN_CACHE_PAGES: the read-ahead batch is a quarter of the limit, and a
+    fault handler needs a page to evict besides the one it is installing.
+    """
+    if budget_bytes < 0:
+        raise ValueError(f"page_cache_bytes must be >= 0, not {budget_bytes}")
+    if budget_bytes == 0:
+        return 0
+    return max(MIN_CACHE_PAGES, budget_bytes // page_size)
 
 
 def worker_pager() -> WorkerPager | None:

@@ -80,6 +80,7 @@ typedef struct {
     uint64_t auth_failures;
     uint64_t bad_requests;
     uint64_t stage_running;
+    uint64_t evictions_told;    /* CL_HAVE_DROPPED notices: a worker evicted a page for room */
 } clamor_driver_stats;
 
 int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_len,
@@ -130,6 +131,8 @@ typedef struct {
     uint64_t bytes_served;
     uint64_t auth_failures;
     uint64_t bad_requests;
+    uint64_t evictions;         /* pages evicted to stay under the cache limit (not invalidations) */
+    uint64_t cache_limit_pages; /* 0: unlimited */
 } clamor_worker_stats;
 
 int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,
@@ -145,6 +148,10 @@ uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t ca
 void clamor_worker_invalidate(uint32_t epoch, const uint64_t *pages, uint64_t n);
 void clamor_worker_get_stats(clamor_worker_stats *out);
 int clamor_worker_touch(uint64_t offset, uint64_t length);
+/* Caps the page cache at `pages` pages (0: unlimited); call after start. Pages
+ * beyond it are evicted with CLOCK before a new one is installed, and the
+ * driver's directory is told. Lowering it takes effect at the next install. */
+void clamor_worker_set_cache_limit(uint64_t pages);
 
 /* ---------------------------------------------------------- checkpoints --
  * (runtime/checkpoint.py; issue 4 item 5) Save and re-create the arena's

@@ -12,7 +12,8 @@
  * Directory: which workers hold the current version of each page. A GET for
  * a page that some other worker holds is answered with REDIRECT to one of
  * them (two random choices, the less loaded wins), which is how hot pages
- * replicate; a client whose redirect failed asks again with NO_REDIRECT.
+ * replicate; a client whose redirect failed asks again with NO_REDIRECT. A
+ * worker that evicts a page for room says so (CL_HAVE with CL_HAVE_DROPPED).
  */
 #include <errno.h>
 #include <linux/userfaultfd.h>
@@ -306,11 +307,19 @@ static void answer(void *ctx, uint32_t client, const cl_msg *req, uint64_t p, in
     pthread_mutex_unlock(m);
 }
 
+/* CL_HAVE: a worker got a page from shared memory or a peer (no driver GET saw
+ * it), or with CL_HAVE_DROPPED evicted one: the directory follows either way. */
 static void have(void *ctx, uint32_t client, const cl_msg *msg) {
     (void)ctx;
     uint64_t p = msg->page;
     pthread_mutex_t *m = cl_stripe(&D.stripes, p);
     pthread_mutex_lock(m);
+    if (msg->flags & CL_HAVE_DROPPED) {
+        if (client < CL_MAX_WORKERS) D.holders[p] &= ~(1ull << client);
+        pthread_mutex_unlock(m);
+        ADD(evictions_told, 1);
+        return;
+    }
     if (client < CL_MAX_WORKERS && D.version[p] == msg->epoch) D.holders[p] |= 1ull << client;
     if (msg->aux == 0) {
         D.requests[p]++;

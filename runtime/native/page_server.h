@@ -26,7 +26,8 @@ typedef struct {
      * read-ahead batches and for requests flagged CL_GET_NO_REDIRECT. */
     void (*answer)(void *ctx, uint32_t client, const cl_msg *req, uint64_t page,
                    int may_redirect, uint8_t *buf, cl_answer *out);
-    /* CL_HAVE notifications; NULL where the server does not keep a directory. */
+    /* CL_HAVE notifications (a page got elsewhere, or dropped: CL_HAVE_DROPPED);
+     * NULL where the server does not keep a directory. */
     void (*have)(void *ctx, uint32_t client, const cl_msg *m);
     void *ctx;
     uint64_t *pages_served, *bytes_served, *auth_failures, *bad_requests;

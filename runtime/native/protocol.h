@@ -23,7 +23,8 @@ enum cl_type {
     CL_PAGE = 5,     /* page, epoch=version, aux=valid_until; payload: the page */
     CL_REDIRECT = 6, /* page, epoch=version, aux=peer id, aux2=peer IPv4, flags=peer port */
     CL_ERROR = 7,    /* page, aux=error code */
-    CL_HAVE = 8,     /* client -> driver: page, epoch=version, aux=source (0 shm, peer + 1) */
+    CL_HAVE = 8,     /* client -> driver: page, epoch=version, aux=source (0 shm, peer + 1),
+                        flags=cl_have_flags */
 };
 
 enum cl_error {
@@ -35,6 +36,11 @@ enum cl_error {
 };
 
 enum cl_get_flags { CL_GET_NO_REDIRECT = 1 };
+
+/* CL_HAVE_DROPPED: the client evicted the page for room and no longer holds any
+ * version of it (epoch and aux unused); the driver clears its holder bit so it
+ * never redirects a peer there. */
+enum cl_have_flags { CL_HAVE_DROPPED = 1 };
 
 typedef struct {
     uint32_t magic;

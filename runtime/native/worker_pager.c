@@ -19,6 +19,15 @@
  * REDIRECT to a peer holding the page -> the driver again, NO_REDIRECT, if
  * that peer fails. A driver that cannot be reached makes the worker exit
  * with status 70 rather than hang.
+ *
+ * Cache limit (clamor_worker_set_cache_limit): before a page enters a full
+ * cache, CLOCK (second chance) evicts one. Every fault (minor or missing) and
+ * every install sets the page's reference bit; the hand sweeps page numbers
+ * below clock_end, clears set bits and evicts the first cached page whose bit
+ * is clear. Eviction punches the page out of the memfd, which also unmaps it,
+ * so a later touch faults MISSING and fetches it again; the driver is told
+ * (CL_HAVE_DROPPED) so it stops redirecting peers here for that page. Only the
+ * fault handler thread installs and evicts for room, so the hand needs no lock.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -66,6 +75,8 @@ static struct {
     uint64_t *rs_pages, rs_n, rs_cap;
     uint32_t *rs_vers;
     _Atomic uint64_t touched;
+    uint64_t *refbits;          /* CLOCK reference bits, one per page */
+    uint64_t hand, clock_end;   /* the hand sweeps [0, clock_end): past every page installed */
     uint64_t last_missing, ra_window;
     int run;
     cl_server *server;
@@ -94,6 +105,8 @@ static int cached_for(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
     return (*v <= E && E <= *hi) ? 1 : 0;
 }
 
+static void referenced(uint64_t p) { W.refbits[p >> 6] |= 1ull << (p & 63); }
+
 static void install(uint64_t p, uint32_t v, uint32_t hi) {
     pthread_mutex_t *m = cl_stripe(&W.stripes, p);
     pthread_mutex_lock(m);
@@ -101,17 +114,50 @@ static void install(uint64_t p, uint32_t v, uint32_t hi) {
     W.cver1[p] = v + 1;
     W.cvalid[p] = hi;
     pthread_mutex_unlock(m);
+    referenced(p);
+    if (p + 1 > W.clock_end) W.clock_end = p + 1;
 }
 
-static void evict(uint64_t p) {
+static void tell_dropped(uint64_t p);
+
+/* Drops page p from the cache; with `tell`, the driver's directory too. The
+ * table entry goes first (under the stripe lock that answer() reads it under),
+ * so a peer asking from then on gets NOT_HELD, never a half-punched page.
+ * Returns whether p was cached (only the caller that cleared it counts it). */
+static int evict(uint64_t p, int tell) {
     pthread_mutex_t *m = cl_stripe(&W.stripes, p);
     pthread_mutex_lock(m);
     int held = W.cver1[p] != 0;
     W.cver1[p] = 0;
     pthread_mutex_unlock(m);
-    if (!held) return;
+    if (!held) return 0;
     __atomic_fetch_sub(&W.st.cached_pages, 1, __ATOMIC_RELAXED);
+    if (tell) tell_dropped(p);
     fallocate(W.cache_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(p * W.ps), (off_t)W.ps);
+    return 1;
+}
+
+/* Makes room for one more page under the cache limit, never evicting `keep`
+ * (the page about to be installed). CLOCK: each step of the hand clears a
+ * reference bit set by an earlier fault, skips an uncached page or evicts, so
+ * the cost is O(1) amortised per install when the cache is dense in
+ * [0, clock_end). Two full sweeps always find a victim unless only `keep` is
+ * cached; the step bound only guards against a limit below 2. */
+static void make_room(uint64_t keep) {
+    uint64_t limit = __atomic_load_n(&W.st.cache_limit_pages, __ATOMIC_RELAXED);
+    if (!limit) return;
+    for (uint64_t steps = 0; __atomic_load_n(&W.st.cached_pages, __ATOMIC_RELAXED) >= limit;) {
+        if (W.clock_end == 0 || steps++ > 2 * W.clock_end + 2) return;
+        uint64_t p = W.hand;
+        W.hand = p + 1 >= W.clock_end ? 0 : p + 1;
+        if (p == keep || !__atomic_load_n(&W.cver1[p], __ATOMIC_RELAXED)) continue;
+        uint64_t bit = 1ull << (p & 63);
+        if (W.refbits[p >> 6] & bit) {
+            W.refbits[p >> 6] &= ~bit; /* second chance */
+            continue;
+        }
+        if (evict(p, 1)) ADD(evictions, 1);
+    }
 }
 
 static void record(uint64_t p, uint32_t v) {
@@ -192,6 +238,16 @@ static int driver(uint64_t page) {
 
 static void tell_driver(uint64_t p, uint32_t v, uint32_t source) {
     cl_msg h = cl_make(CL_HAVE, p, v, source);
+    if (cl_send_msg(driver(p), &h, NULL)) reset_driver();
+}
+
+/* On the fault thread's own driver connection, so it stays ordered with the
+ * GETs and HAVEs for the same page. A notice lost with a broken connection
+ * only leaves a stale holder bit: a peer redirected here gets NOT_HELD and
+ * falls back to the driver. */
+static void tell_dropped(uint64_t p) {
+    cl_msg h = cl_make(CL_HAVE, p, 0, 0);
+    h.flags = CL_HAVE_DROPPED;
     if (cl_send_msg(driver(p), &h, NULL)) reset_driver();
 }
 
@@ -304,6 +360,7 @@ static void read_ahead(uint64_t p, uint64_t n, uint32_t E) {
     if (W.shm_fd >= 0) {
         for (uint64_t i = 0; i < n; i++) {
             uint32_t v;
+            make_room(p + i);
             if (fetch_shm(p + i, E, &v)) return;
             install(p + i, v, CL_OPEN_ENDED);
             tell_driver(p + i, v, 0);
@@ -318,6 +375,7 @@ static void read_ahead(uint64_t p, uint64_t n, uint32_t E) {
     for (uint64_t i = 0; i < n; i++) {
         if (cl_recv_msg(fd, &m)) goto io_error;
         if (m.type == CL_ERROR) return;
+        make_room(p + i);
         if (recv_page(fd, &m, p + i)) goto io_error;
         install(p + i, m.epoch, m.aux);
         ADD(from_driver, 1), ADD(readahead_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
@@ -339,8 +397,10 @@ static void maybe_read_ahead(uint64_t p, uint32_t E) {
     uint64_t max = READAHEAD_BYTES / W.ps;
     if (max < 1) max = 1;
     if (max > CL_MAX_BATCH) max = CL_MAX_BATCH;
+    uint64_t limit = __atomic_load_n(&W.st.cache_limit_pages, __ATOMIC_RELAXED);
+    if (limit && max > limit / 4) max = limit / 4; /* never evicts what it just fetched */
     uint64_t n = 0;
-    while (n < W.ra_window && p + 1 + n < W.npages && !W.cver1[p + 1 + n]) n++;
+    while (n < W.ra_window && n < max && p + 1 + n < W.npages && !W.cver1[p + 1 + n]) n++;
     if (!n) return;
     read_ahead(p + 1, n, E);
     W.last_missing = p + n;
@@ -358,12 +418,14 @@ static void on_fault(uint64_t addr, uint64_t flags) {
     int state = cached_for(p, E, &v, &hi);
     if (state == 1) {
         if (flags & UFFD_PAGEFAULT_FLAG_MINOR) ADD(soft_faults, 1);
+        referenced(p);
         record(p, v);
         map_page(p);
         return;
     }
-    if (state == 0) evict(p); /* cached, but a different version than this epoch reads */
+    if (state == 0) evict(p, 0); /* cached, but a different version than this epoch reads */
     ADD(faults, 1);
+    make_room(p);
     fetch(p, E, &v, &hi);
     install(p, v, hi);
     ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
@@ -458,7 +520,8 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
     W.cver1 = calloc(W.npages, sizeof *W.cver1);
     W.cvalid = calloc(W.npages, sizeof *W.cvalid);
     W.readmark = calloc(W.npages, sizeof *W.readmark);
-    if (!W.cver1 || !W.cvalid || !W.readmark) return CL_ERR("out of memory for the page tables");
+    W.refbits = calloc((W.npages + 63) / 64, sizeof *W.refbits);
+    if (!W.cver1 || !W.cvalid || !W.readmark || !W.refbits) return CL_ERR("out of memory for the page tables");
     W.buf = malloc(page_size);
     if (!W.buf) return CL_ERR("out of memory for a page buffer");
     memset(W.buf, 0, page_size); /* warm: received pages never fault here */
@@ -513,9 +576,13 @@ void clamor_worker_invalidate(uint32_t epoch, const uint64_t *pages, uint64_t n)
     (void)epoch;
     for (uint64_t i = 0; i < n; i++)
         if (pages[i] < W.npages && W.cver1[pages[i]]) {
-            evict(pages[i]);
+            evict(pages[i], 0); /* the driver cleared its holder bits itself */
             ADD(invalidations, 1);
         }
+}
+
+void clamor_worker_set_cache_limit(uint64_t pages) {
+    __atomic_store_n(&W.st.cache_limit_pages, pages, __ATOMIC_RELAXED);
 }
 
 void clamor_worker_get_stats(clamor_worker_stats *out) { *out = W.st; }
