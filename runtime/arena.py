@@ -91,7 +91,7 @@ def format_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _parse_size(text: str, name: str) -> int:
+def parse_size(text: str, name: str) -> int:
     """Parse ``"32G"``, ``"256KiB"``, ``"1048576"`` (binary multiples) from an env var."""
     m = re.fullmatch(r"\s*(\d+)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
     if not m:
@@ -125,13 +125,13 @@ def _resolve() -> tuple[int, int]:
     page_size = _config["page_size"]
     if page_size is None:
         env = os.environ.get("CLAMOR_PAGE_SIZE")
-        page_size = _parse_size(env, "CLAMOR_PAGE_SIZE") if env else DEFAULT_PAGE_SIZE
+        page_size = parse_size(env, "CLAMOR_PAGE_SIZE") if env else DEFAULT_PAGE_SIZE
         page_size = _check_page_size(page_size)
     arena_size = _config["arena_size"]
     if arena_size is None:
         env = os.environ.get("CLAMOR_ARENA_SIZE")
         arena_size = (
-            _parse_size(env, "CLAMOR_ARENA_SIZE") if env else DEFAULT_ARENA_SIZE
+            parse_size(env, "CLAMOR_ARENA_SIZE") if env else DEFAULT_ARENA_SIZE
         )
         arena_size = _check_arena_size(arena_size)
     arena_size = -(-arena_size // page_size) * page_size

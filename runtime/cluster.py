@@ -19,15 +19,16 @@ import dataclasses
 import logging
 import os
 import pickle
+import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Self
 
 import cloudpickle
 import grpc
-from clamor.runtime import checkpoint, lineage, shipping, snapshots
+from clamor.runtime import checkpoint, lineage, memory, shipping, snapshots
 from clamor.runtime.cluster_inspection import ClusterInspection
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.dataset import DatasetSources
@@ -111,8 +112,12 @@ class _SchedulerServicer(pb_grpc.SchedulerServicer):
         return pb.HeartbeatReply(ok=self._get(context)._on_heartbeat(request.worker_id))
 
     def TaskFinished(self, request, context):
-        self._get(context)._executor.task_finished(request.worker_id, request.reports)
+        self._get(context)._executor.task_finished(request.worker_id, request.reports, request.moved)
         return pb.TaskFinishedReply()
+
+    def SpillPeers(self, request, context):
+        peers = self._get(context)._spill_peers(request.worker_id, request.nbytes)
+        return pb.SpillPeersReply(peers=[pb.SpillPeer(worker_id=w, address=a, free=f) for w, a, f in peers])
 
     def FetchPartition(self, request, context):
         cluster = self._get(context)
@@ -129,8 +134,10 @@ def _shutdown(
     paging: DriverPaging,
     executor: Executor,
     throttle: Throttle,
+    spill_dir: tempfile.TemporaryDirectory,
 ) -> None:
-    """Kill the workers still running, stop the scheduler. Also run at exit / on collection."""
+    """Kill the workers still running, stop the scheduler, remove what the workers spilled
+    to disk here. Also run at exit / on collection."""
     try:
         throttle.close()
         executor.close()
@@ -140,6 +147,7 @@ def _shutdown(
             channel.close()
         server.stop(grace=None)
         paging.close()
+        spill_dir.cleanup()
 
 
 class Cluster(ClusterInspection, DatasetSources):
@@ -160,6 +168,11 @@ class Cluster(ClusterInspection, DatasetSources):
     Stragglers (DESIGN 6): with ``speculation``, a task running longer than
     ``speculation_factor`` times its stage's median gets a copy on an idle worker;
     the first result wins. A lost worker's running tasks are rerun elsewhere.
+    Memory (DESIGN 5, R3S): ``worker_memory`` is each worker's budget (``"4GiB"``, bytes,
+    or ``{worker id: size}``; default: a fair share of this host's memory among the
+    workers), half for cached arena pages (evicted beyond it, CLOCK) and half for kept
+    partitions; ``spill`` says where partitions beyond it go: ``"peer"`` (the worker
+    with the most free memory, then local disk) or ``"disk"``.
     """
 
     def __init__(
@@ -178,6 +191,8 @@ class Cluster(ClusterInspection, DatasetSources):
         speculation_factor: float = 2.0,
         launcher: str | Launcher = "local",
         tls: bool = False,
+        worker_memory: memory.Size | Mapping[int, memory.Size] | None = None,
+        spill: str = "peer",
     ) -> None:
         n = (os.cpu_count() or 1) if workers is None else workers
         if n < 1:
@@ -189,6 +204,9 @@ class Cluster(ClusterInspection, DatasetSources):
                     f"clamor.SSHLauncher(hosts), clamor.DaskLauncher(client)), not {launcher!r}"
                 )
             launcher = LocalLauncher()
+        self.budgets = memory.Budgets(worker_memory, local_workers=n)
+        self.spill = memory.check_spill(spill)
+        self._spill_dir = tempfile.TemporaryDirectory(prefix="clamor-spill-")
         self.host = host
         self._credentials = Credentials.generate(tls=tls)
         self._token = self._credentials.token
@@ -241,6 +259,7 @@ class Cluster(ClusterInspection, DatasetSources):
             self._paging,
             self._executor,
             self._throttle,
+            self._spill_dir,
         )
         try:
             self._launcher.start(range(n))
@@ -259,7 +278,15 @@ class Cluster(ClusterInspection, DatasetSources):
             local = worker_id is not None and self._launcher.observes(worker_id)
             if worker_id is None:
                 worker_id, self._next_id = self._next_id, self._next_id + 1
-        config = {"worker_id": worker_id, "protocol": PROTOCOL_VERSION}
+        budget = self.budgets.of(worker_id)
+        config = {
+            "worker_id": worker_id,
+            "protocol": PROTOCOL_VERSION,
+            "memory_budget": budget.total,
+            "page_cache_bytes": budget.page_cache,
+            "spill": self.spill,
+            "spill_dir": self._spill_dir.name,
+        }
         config.update(self._paging.worker_config(worker_id, request.host))
         channel = connect(request.address, self._token, tls=self._credentials.tls)
         worker = _Worker(
@@ -305,6 +332,19 @@ class Cluster(ClusterInspection, DatasetSources):
                 return False
             worker.last_heartbeat = time.monotonic()
             return True
+
+    def _spill_peers(self, worker_id: int, nbytes: int) -> list[tuple[int, str, int]]:
+        """R3S's placement: the other live workers with room for ``nbytes`` in their partition
+        budget (by what the driver knows they keep in memory), most free memory first."""
+        held = self._executor.ask(lambda s: s.memory_held())
+        with self._cond:
+            addresses = {w.id: w.address for w in self._workers.values() if w.lost is None}
+        room = [
+            (w, addresses[w], self.budgets.of(w).partitions - used)
+            for w, used in held.items()
+            if w != worker_id and w in addresses
+        ]
+        return sorted((p for p in room if p[2] >= nbytes), key=lambda p: (-p[2], p[0]))
 
     # --- liveness ---
 
@@ -485,6 +525,12 @@ class Cluster(ClusterInspection, DatasetSources):
     def holder(self, key: PartitionKey) -> int | None:
         """The worker (or ``DRIVER``) holding partition ``key``; ``None`` if nobody does."""
         return self._executor.holder(key)
+
+    def partitions(self) -> dict[PartitionKey, dict]:
+        """Where each kept partition lives: ``key -> {"holder", "tier", "nbytes"}``, where
+        ``tier`` is ``"memory"`` or ``"disk"`` (spilled there by its holder)."""
+        placement = self._executor.ask(lambda s: s.placement())
+        return {k: {"holder": h, "tier": t, "nbytes": n} for k, (h, t, n) in placement.items()}
 
     # --- inspection and faults ---
 

@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from clamor.runtime import accumulators, shipping
@@ -52,6 +52,7 @@ from clamor.runtime.telemetry import Telemetry
 from clamor.runtime.transport import decode_exception
 
 logger = logging.getLogger("clamor.executor")
+T = TypeVar("T")
 
 #: How often a waiting stage checks that its workers are still alive.
 POLL_INTERVAL = 0.1
@@ -162,6 +163,12 @@ class Executor:
     def _post(self, event: Callable[[SchedulerState], list]) -> None:
         self._events.put(event)
 
+    def ask(self, question: Callable[[SchedulerState], T]) -> T:
+        """``question(state)``, answered on the loop's thread (the state is not thread-safe)."""
+        answer: list[T] = []
+        self._post_and_wait(lambda s: answer.append(question(s)) or [])
+        return answer[0]
+
     def _post_and_wait(self, event: Callable[[SchedulerState], list]) -> None:
         """Post ``event`` and wait until the loop has run it (and sent its instructions)."""
         if self._closed:
@@ -218,8 +225,11 @@ class Executor:
         self.telemetry.worker_lost(worker, str(error))
         self._post(lambda s: s.worker_lost(worker, error, now=time.monotonic()))
 
-    def task_finished(self, worker: int, reports: Iterable[pb.TaskReport]) -> None:
-        """The Scheduler's ``TaskFinished``: decode each report into an event."""
+    def task_finished(
+        self, worker: int, reports: Iterable[pb.TaskReport], moved: Iterable[pb.PartitionMove] = ()
+    ) -> None:
+        """The Scheduler's ``TaskFinished``: decode each report into an event, then the
+        partitions the worker spilled (after the outputs those reports register)."""
         now = time.monotonic()
         for report in reports:
             self.tasks_run += 1
@@ -240,6 +250,9 @@ class Executor:
                     report.error, report.traceback, report.error_type, report.error_message
                 )
                 self._post(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e, now=now))
+        moves = {decode_key(m.key): (m.holder, m.tier, m.nbytes) for m in moved}
+        if moves:
+            self._post(lambda s: s.partitions_moved(worker, moves))
 
     @staticmethod
     def _decode_result(worker: int, report: pb.TaskReport) -> TaskResult:

@@ -66,8 +66,11 @@ class PartitionStore:
         self._sizes: dict[PartitionKey, int] = {}
         self._lock = threading.Lock()
 
-    def put(self, key: PartitionKey, value: Any) -> int:
-        """Keep ``value`` under ``key``; return its (estimated) size in bytes."""
+    def put(self, key: PartitionKey, value: Any, spillable: bool = True) -> int:
+        """Keep ``value`` under ``key``; return its (estimated) size in bytes.
+
+        ``spillable``: whether a store with a budget may move it out of memory
+        (:class:`~clamor.runtime.spill.SpillingStore`); this one keeps everything."""
         value = detach(value)
         size = approx_nbytes(value)
         with self._lock:
@@ -104,6 +107,15 @@ class PartitionStore:
     def nbytes(self) -> int:
         with self._lock:
             return sum(self._sizes.values())
+
+    def stats(self) -> dict[str, Any]:
+        """How many partitions are kept here and their bytes."""
+        with self._lock:
+            return {"partitions_in_memory": len(self._values), "partition_bytes": sum(self._sizes.values())}
+
+    def drain_moves(self) -> list[pb.PartitionMove]:
+        """Partitions moved out since the last call: none here (no budget)."""
+        return []
 
     def chunks(self, key: PartitionKey) -> Iterator[pb.Chunk]:
         """The pickled value of ``key`` as a stream of chunks (``ClamorError`` if absent)."""

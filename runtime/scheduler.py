@@ -174,6 +174,7 @@ class SchedulerState:
             },
             "partitions": len(self._partitions.entries),
             "partition_bytes": sum(nbytes for _, nbytes in self._partitions.entries.values()),
+            "partitions_on_disk": len(self._partitions.tiers),
             "limit": self.limit,
             "speculative": sorted(self._speculative),
             **self.counters(),
@@ -326,6 +327,41 @@ class SchedulerState:
             for stage in self._stages.values():
                 self._requeue(stage)  # a worker holding inputs attracts their tasks
         return self._refill(out)
+
+    def partitions_moved(
+        self, reporter: int, moves: dict[PartitionKey, tuple[int, str, int]]
+    ) -> list[Instruction]:
+        """``reporter`` spilled partitions over its budget: ``key -> (holder, tier, nbytes)``.
+
+        To a peer (``holder`` that worker, tier ``"memory"``) or its own disk (``"disk"``).
+        Keys the registry no longer has (dropped meanwhile) are ignored; a key moved to a
+        worker that is lost by now is lost with it. Pending tasks are
+        placed again by where their inputs are now.
+        """
+        out: list[Instruction] = []
+        lost = []
+        for key, (holder, tier, nbytes) in moves.items():
+            if key not in self._partitions:
+                continue
+            if holder not in self._workers:
+                self._partitions.remove([key])
+                lost.append(key)
+            else:
+                self._partitions.move(key, holder, tier, nbytes)
+        if lost:
+            out.append(PartitionsLost(tuple(lost)))
+        for stage in self._stages.values():
+            self._requeue(stage)
+        return self._refill(out)
+
+    def memory_held(self) -> dict[int, int]:
+        """Live worker -> bytes of the partitions it keeps in memory, as far as reported."""
+        used = self._partitions.in_memory()
+        return {w: used.get(w, 0) for w in self._workers}
+
+    def placement(self) -> dict[PartitionKey, tuple[int, str, int]]:
+        """Every partition kept: ``key -> (holder, tier, nbytes)``."""
+        return {k: (h, self._partitions.tier(k), n) for k, (h, n) in self._partitions.entries.items()}
 
     def partitions_dropped(self, keys: Iterable[PartitionKey]) -> list[Instruction]:
         """Forget these partitions: one Drop per holder (unknown keys are ignored).

@@ -105,6 +105,12 @@ Instruction = Launch | Cancel | StageDone | StageFailed | Drop | PartitionsLost
 
 # --- the policy and helpers ---------------------------------------------------
 
+#: R3S's fetch-cost model (local memory << peer memory < disk), as what running a task
+#: where its input already is saves, per byte: in the holder's memory, the whole fetch;
+#: on the holder's disk, only the network hop, since the disk read is paid either way
+#: (and costs more than a peer's memory).
+LOCAL_WEIGHT = {"memory": 1.0, "disk": 0.5}
+
 
 @dataclasses.dataclass(frozen=True)
 class SpeculationPolicy:
@@ -158,7 +164,7 @@ def median(values: list[float]) -> float:
     return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def pick_worker(candidates: Collection[int], held: dict[int, int], after: int | None = None) -> int:
+def pick_worker(candidates: Collection[int], held: dict[int, float], after: int | None = None) -> int:
     """The candidate holding the most input bytes (``held``); on ties the lowest id, or
     with ``after``, round-robin: the lowest id above ``after``, else the lowest."""
     if after is None:
@@ -221,6 +227,8 @@ class Registry:
 
     def __init__(self) -> None:
         self.entries: dict[PartitionKey, tuple[int, int]] = {}
+        #: Keys kept outside their holder's memory: ``key -> tier`` (absent: memory).
+        self.tiers: dict[PartitionKey, str] = {}
 
     def __contains__(self, key: PartitionKey) -> bool:
         return key in self.entries
@@ -234,14 +242,36 @@ class Registry:
         """The keys nobody holds, first-seen order, once each."""
         return list(dict.fromkeys(k for k in keys if k not in self.entries))
 
-    def held(self, keys: Iterable[PartitionKey]) -> dict[int, int]:
-        """Worker -> bytes of these partitions it holds (the DRIVER is no worker)."""
-        held: dict[int, int] = {}
+    def held(self, keys: Iterable[PartitionKey]) -> dict[int, float]:
+        """Worker -> what running there saves in fetching these partitions (the DRIVER is
+        no worker): their bytes, weighted by :data:`LOCAL_WEIGHT` of the tier they are in."""
+        held: dict[int, float] = {}
         for key in keys:
             entry = self.entries.get(key)
             if entry is not None and entry[0] != DRIVER:
-                held[entry[0]] = held.get(entry[0], 0) + entry[1]
+                weight = LOCAL_WEIGHT[self.tiers.get(key, "memory")]
+                held[entry[0]] = held.get(entry[0], 0) + entry[1] * weight
         return held
+
+    def in_memory(self) -> dict[int, int]:
+        """Worker -> bytes of the partitions it keeps in memory (not spilled to its disk)."""
+        used: dict[int, int] = {}
+        for key, (holder, nbytes) in self.entries.items():
+            if holder != DRIVER and key not in self.tiers:
+                used[holder] = used.get(holder, 0) + nbytes
+        return used
+
+    def tier(self, key: PartitionKey) -> str:
+        """``"memory"`` or ``"disk"``: where its holder keeps ``key``."""
+        return self.tiers.get(key, "memory")
+
+    def move(self, key: PartitionKey, holder: int, tier: str, nbytes: int) -> None:
+        """``key`` is now kept by ``holder`` in ``tier`` (a spill)."""
+        self.entries[key] = (holder, nbytes)
+        if tier == "memory":
+            self.tiers.pop(key, None)
+        else:
+            self.tiers[key] = tier
 
     def add(self, holder: int, sizes: dict[PartitionKey, int]) -> dict[int, list[PartitionKey]]:
         """Enter partitions kept by ``holder``; the copies displaced from other holders."""
@@ -251,10 +281,14 @@ class Registry:
             if old is not None and old[0] != holder:
                 displaced.append((old[0], key))
             self.entries[key] = (holder, nbytes)
+            self.tiers.pop(key, None)
         return group(displaced)
 
     def remove(self, keys: Iterable[PartitionKey]) -> dict[int, list[PartitionKey]]:
         """Forget these keys (unknown ones are ignored): ``holder -> keys`` forgotten."""
+        keys = list(keys)
+        for key in keys:
+            self.tiers.pop(key, None)
         entries = ((self.entries.pop(key, None), key) for key in keys)
         return group((entry[0], key) for entry, key in entries if entry is not None)
 
@@ -263,6 +297,7 @@ class Registry:
         keys = [key for key, (holder, _) in self.entries.items() if holder == worker]
         for key in keys:
             del self.entries[key]
+            self.tiers.pop(key, None)
         return keys
 
 

@@ -35,10 +35,12 @@ from clamor.runtime.exitcodes import (
     EXIT_OK,
     EXIT_SETUP_FAILED,
 )
+from clamor.runtime.memory import WorkerBudget
 from clamor.runtime.paging_api import NullWorkerPaging, load_factory
 from clamor.runtime.partitions import PartitionStore, decode_key
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.spill import SpillingStore
 from clamor.runtime.transport import connect, create_server, split_address
 from clamor.runtime.worker_executor import WorkerExecutor
 
@@ -65,7 +67,8 @@ class WorkerServicer(pb_grpc.WorkerServicer):
 
     def __init__(self) -> None:
         self.executor: WorkerExecutor | None = None
-        self.store = PartitionStore()
+        self.store: PartitionStore = PartitionStore()  # replaced by a SpillingStore once configured
+        self.memory_budget = 0
         self.shutdown_requested = threading.Event()
 
     def _ready(self, context) -> WorkerExecutor:
@@ -93,6 +96,19 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"partition {key!r} is not held here")
         return self.store.chunks(key)
 
+    def PutPartition(self, request_iterator, context):
+        first, parts = None, []
+        for piece in request_iterator:
+            first = first or piece
+            parts.append(piece.data)
+        data = b"".join(parts)
+        if first is None or not first.key or len(data) != first.total:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a spilled partition arrived incomplete")
+        key = decode_key(first.key)
+        if not self.store.accept(key, data, first.nbytes):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"no room for {first.nbytes} bytes")
+        return pb.PutReply()
+
     def DropPartitions(self, request, context):
         self.store.drop(decode_key(k) for k in request.keys)
         return pb.DropReply()
@@ -105,9 +121,10 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             "tasks_run": executor.tasks_run,
             "tasks_queued": executor.queued,
             "partitions": len(self.store),
-            "partition_bytes": self.store.nbytes(),
             "rss_bytes": psutil.Process().memory_info().rss,
+            **WorkerBudget(self.memory_budget).as_dict(),
         }
+        stats.update(self.store.stats())
         stats.update(executor.paging.stats())
         return pb.StatsReply(stats=pickle.dumps(stats))
 
@@ -200,6 +217,26 @@ def _watchdog(scheduler, worker_id: int, parent_pid: int | None) -> None:
             _die(EXIT_DRIVER_REFUSED, f"the driver no longer knows worker {worker_id}")
 
 
+def _spilling_store(
+    worker_id: int, config: dict, scheduler: pb_grpc.SchedulerStub, servicer: WorkerServicer
+) -> SpillingStore:
+    """The partition store within this worker's partition budget (DESIGN 5, R3S)."""
+    budget = int(config.get("memory_budget", 0)) - int(config.get("page_cache_bytes", 0))
+
+    def find_peers(nbytes: int) -> list[tuple[int, str]]:
+        try:
+            reply = scheduler.SpillPeers(pb.SpillPeersRequest(worker_id=worker_id, nbytes=nbytes), timeout=30)
+        except grpc.RpcError as exc:
+            logger.warning("no spill peers from the driver (%s): spilling to disk", exc.code().name)
+            return []
+        return [(p.worker_id, p.address) for p in reply.peers]
+
+    return SpillingStore(
+        worker_id, max(0, budget), config.get("spill", "peer"), config.get("spill_dir", ""),
+        find_peers, lambda address: servicer.executor.peer(address),
+    )  # fmt: skip
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="clamor-worker", description="Run a Clamor worker process.")
     p.add_argument(
@@ -287,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             EXIT_SETUP_FAILED,
             f"worker {worker_id}: paging set-up failed: {type(exc).__name__}: {exc}",
         )
+    servicer.memory_budget = int(config.get("memory_budget", 0))
+    servicer.store = _spilling_store(worker_id, config, scheduler, servicer)
     servicer.executor = WorkerExecutor(worker_id, paging, scheduler, credentials, servicer.store)
     try:
         scheduler.Ready(pb.ReadyRequest(worker_id=worker_id, info=info), timeout=30)

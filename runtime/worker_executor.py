@@ -80,6 +80,7 @@ class WorkerExecutor:
         self._queue: collections.deque[_Queued | _Exclusive] = collections.deque()
         self._cancelled: set[int] = set()
         self._finished: list[pb.TaskReport] = []
+        self._moved: list[pb.PartitionMove] = []  # spills, sent after the reports of their time
         self._cond = threading.Condition()
         self._peers: dict[str, pb_grpc.WorkerStub] = {}
         self._running: int | None = None
@@ -171,11 +172,12 @@ class WorkerExecutor:
             with self._cond:
                 self._running = None
                 self.tasks_run += 1
+                self._moved += self._store.drain_moves()  # with (or after) this attempt's report
+                self._cond.notify_all()
                 if item.assignment.attempt_id in self._cancelled:
                     self._cancelled.discard(item.assignment.attempt_id)
                     continue
                 self._finished.append(report)
-                self._cond.notify_all()
 
     def _run(self, program: Any, item: _Queued) -> pb.TaskReport:
         a = item.assignment
@@ -218,24 +220,25 @@ class WorkerExecutor:
             report.value = data
         else:  # kept here; the driver streams it with GetPartition, then drops it
             key = ("reply", attempt_id)
-            self._store.put(key, value)
+            self._store.put(key, value, spillable=False)  # on its way out
             report.value_key = encode_key(key)
 
     def _fetch(self, key: PartitionKey, holder: int, address: str) -> Any:
-        if holder == self.worker_id:
+        if holder == self.worker_id or key in self._store:  # e.g. a peer spilled it here
             return self._store.get(key)
         request = pb.PartitionRequest(key=encode_key(key))
         try:
             if holder == DRIVER:
                 return join_chunks(self._scheduler.FetchPartition(request, timeout=600))
-            return join_chunks(self._peer(address).GetPartition(request, timeout=600))
+            return join_chunks(self.peer(address).GetPartition(request, timeout=600))
         except grpc.RpcError as exc:
             where = "the driver" if holder == DRIVER else f"worker {holder} at {address}"
             raise ClamorError(
                 f"cannot fetch partition {key!r} from {where}: {exc.code().name}: {exc.details()}"
             ) from None
 
-    def _peer(self, address: str) -> pb_grpc.WorkerStub:
+    def peer(self, address: str) -> pb_grpc.WorkerStub:
+        """A Worker stub for the peer at ``address`` (one channel per peer, kept)."""
         stub = self._peers.get(address)
         if stub is None:
             stub = self._peers[address] = pb_grpc.WorkerStub(connect(
@@ -253,10 +256,11 @@ class WorkerExecutor:
     def _report_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._finished:
+                while not self._finished and not self._moved:
                     self._cond.wait()
                 batch, self._finished = self._finished, []
-            request = pb.TaskFinishedRequest(worker_id=self.worker_id, reports=batch)
+                moved, self._moved = self._moved, []
+            request = pb.TaskFinishedRequest(worker_id=self.worker_id, reports=batch, moved=moved)
             for attempt in range(5):
                 try:
                     self._scheduler.TaskFinished(request, timeout=60)

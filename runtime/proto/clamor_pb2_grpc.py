@@ -113,6 +113,11 @@ class SchedulerStub(object):
                 request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
                 response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
                 )
+        self.SpillPeers = channel.unary_unary(
+                '/clamor.v1.Scheduler/SpillPeers',
+                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.SpillPeersRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.SpillPeersReply.FromString,
+                )
 
 
 class SchedulerServicer(object):
@@ -153,6 +158,14 @@ class SchedulerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SpillPeers(self, request, context):
+        """A worker over its partition budget asks where to spill (R3S): the other live
+        workers with room for nbytes, most free memory first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +193,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.FetchPartition,
                     request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.FromString,
                     response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
+            ),
+            'SpillPeers': grpc.unary_unary_rpc_method_handler(
+                    servicer.SpillPeers,
+                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.SpillPeersRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.SpillPeersReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -278,6 +296,23 @@ class Scheduler(object):
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
+    @staticmethod
+    def SpillPeers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Scheduler/SpillPeers',
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.SpillPeersRequest.SerializeToString,
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.SpillPeersReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
 
 class WorkerStub(object):
     """------------------------------------------------------------------- Worker
@@ -309,6 +344,11 @@ class WorkerStub(object):
                 '/clamor.v1.Worker/GetPartition',
                 request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
                 response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
+                )
+        self.PutPartition = channel.stream_unary(
+                '/clamor.v1.Worker/PutPartition',
+                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PutReply.FromString,
                 )
         self.DropPartitions = channel.unary_unary(
                 '/clamor.v1.Worker/DropPartitions',
@@ -357,6 +397,14 @@ class WorkerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutPartition(self, request_iterator, context):
+        """A peer spills a partition here (R3S); RESOURCE_EXHAUSTED when it does not fit
+        this worker's partition budget.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DropPartitions(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -397,6 +445,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.GetPartition,
                     request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.FromString,
                     response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
+            ),
+            'PutPartition': grpc.stream_unary_rpc_method_handler(
+                    servicer.PutPartition,
+                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
+                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PutReply.SerializeToString,
             ),
             'DropPartitions': grpc.unary_unary_rpc_method_handler(
                     servicer.DropPartitions,
@@ -490,6 +543,23 @@ class Worker(object):
         return grpc.experimental.unary_stream(request, target, '/clamor.v1.Worker/GetPartition',
             clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
             clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def PutPartition(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(request_iterator, target, '/clamor.v1.Worker/PutPartition',
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
+            clamor_dot_runtime_dot_proto_dot_clamor__pb2.PutReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

@@ -666,6 +666,7 @@ def test_snapshot_counts_stages_workers_and_partitions():
         },
         "partitions": 2,
         "partition_bytes": 10,
+        "partitions_on_disk": 0,
         "limit": 2,
         "speculative": [],
         "tasks_rerun": 0,
@@ -673,6 +674,41 @@ def test_snapshot_counts_stages_workers_and_partitions():
         "tasks_lost": 0,
         "tasks_replaced": 0,
     }
+
+
+# --- spilled partitions (memory budgets, R3S) ------------------------------------
+
+
+def test_a_partition_spilled_to_a_peer_belongs_to_that_peer_and_draws_its_tasks():
+    state = cluster(0, 1, 2)
+    state.partitions_added(0, {"k": 100})
+    assert state.memory_held() == {0: 100, 1: 0, 2: 0}
+    state.partitions_moved(0, {"k": (2, "memory", 100)})
+    assert state.holder("k") == 2 and state.memory_held() == {0: 0, 1: 0, 2: 100}
+    placed = launched(state.stage_submitted(1, [TaskSpec(0, inputs=("k",))]))
+    assert list(placed) == [2] and placed[2][0].locations == {"k": 2}
+
+
+def test_a_partition_spilled_to_disk_stays_with_its_holder_but_weighs_less_for_placement():
+    state = cluster(0, 1)
+    state.partitions_added(0, {"a": 100})
+    state.partitions_added(1, {"b": 80})
+    state.partitions_moved(0, {"a": (0, "disk", 100)})
+    assert state.placement() == {"a": (0, "disk", 100), "b": (1, "memory", 80)}
+    assert state.memory_held() == {0: 0, 1: 80}
+    # worker 0 has more bytes, but on disk: worker 1's 80 in memory save more fetching
+    placed = launched(state.stage_submitted(1, [TaskSpec(0, inputs=("a", "b"))]))
+    assert list(placed) == [1]
+
+
+def test_moves_of_unknown_keys_are_ignored_and_a_move_to_a_lost_worker_loses_the_partition():
+    state = cluster(0, 1)
+    state.partitions_added(1, {"j": 5})
+    assert state.partitions_moved(0, {"gone": (1, "memory", 1)}) == []
+    assert state.placement() == {"j": (1, "memory", 5)}
+    state.worker_lost(0, WorkerLostError(0, "gone"))
+    assert state.partitions_moved(1, {"j": (0, "memory", 5)}) == [PartitionsLost(("j",))]
+    assert state.holder("j") is None
 
 
 # --- reruns after a lost worker ----------------------------------------------
