@@ -53,6 +53,24 @@ logger = logging.getLogger("clamor.spill")
 PeerFinder = Callable[[int], list[tuple[int, str]]]
 
 
+def _write_through(path: str, data: bytes) -> None:
+    """Write a spilled partition to the disk itself: a spill that stayed in the OS page
+    cache would take the very memory it was meant to free."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fdatasync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _read_through(path: str) -> bytes:
+    """Read a spilled partition back, leaving no copy in the OS page cache."""
+    with open(path, "rb") as f:
+        data = f.read()
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    return data
+
+
 @dataclasses.dataclass
 class _Spilled:
     """Where a partition that left this worker's memory went."""
@@ -155,8 +173,7 @@ class SpillingStore(PartitionStore):
                     return
         os.makedirs(self._dir, exist_ok=True)
         path = os.path.join(self._dir, f"{next(self._files)}.pickle")
-        with open(path, "wb") as f:
-            f.write(data)
+        _write_through(path, data)
         with self._lock:
             self._spilled[key] = _Spilled(size, path=path)
         self.counters["spilled_to_disk"] += 1
@@ -201,8 +218,7 @@ class SpillingStore(PartitionStore):
             raise ClamorError(f"partition {key!r} is not held here")
         if spilled.path is not None:
             self.counters["read_from_disk"] += 1
-            with open(spilled.path, "rb") as f:
-                return shipping.loads(f.read())
+            return shipping.loads(_read_through(spilled.path))
         self.counters["read_from_peers"] += 1
         return join_chunks(self._from_peer(key, spilled.peer))
 
@@ -214,8 +230,7 @@ class SpillingStore(PartitionStore):
         if spilled is None:
             return super().chunks(key)
         if spilled.path is not None:
-            with open(spilled.path, "rb") as f:
-                return chunk(f.read())
+            return chunk(_read_through(spilled.path))
         return self._from_peer(key, spilled.peer)
 
     def _from_peer(self, key: PartitionKey, peer: tuple[int, str] | None) -> Iterator[pb.Chunk]:
