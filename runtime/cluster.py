@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import shutil
 import tempfile
 import threading
 import time
@@ -134,7 +135,7 @@ def _shutdown(
     paging: DriverPaging,
     executor: Executor,
     throttle: Throttle,
-    spill_dir: tempfile.TemporaryDirectory,
+    spill_dir: str,
 ) -> None:
     """Kill the workers still running, stop the scheduler, remove what the workers spilled
     to disk here. Also run at exit / on collection."""
@@ -147,7 +148,7 @@ def _shutdown(
             channel.close()
         server.stop(grace=None)
         paging.close()
-        spill_dir.cleanup()
+        shutil.rmtree(spill_dir, ignore_errors=True)
 
 
 class Cluster(ClusterInspection, DatasetSources):
@@ -206,7 +207,8 @@ class Cluster(ClusterInspection, DatasetSources):
             launcher = LocalLauncher()
         self.budgets = memory.Budgets(worker_memory, local_workers=n)
         self.spill = memory.check_spill(spill)
-        self._spill_dir = tempfile.TemporaryDirectory(prefix="clamor-spill-")
+        # made by the first worker that spills to disk, removed at close (killed workers' files too)
+        self._spill_dir = os.path.join(tempfile.gettempdir(), f"clamor-spill-{os.getpid()}-{id(self):x}")
         self.host = host
         self._credentials = Credentials.generate(tls=tls)
         self._token = self._credentials.token
@@ -285,7 +287,7 @@ class Cluster(ClusterInspection, DatasetSources):
             "memory_budget": budget.total,
             "page_cache_bytes": budget.page_cache,
             "spill": self.spill,
-            "spill_dir": self._spill_dir.name,
+            "spill_dir": self._spill_dir,
         }
         config.update(self._paging.worker_config(worker_id, request.host))
         channel = connect(request.address, self._token, tls=self._credentials.tls)

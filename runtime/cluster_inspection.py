@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from clamor.runtime.paging_api import DriverPaging
 
 
+#: Worker counters that ``stats()`` also sums over the workers (memory budgets, R3S).
+MEMORY_TOTALS = ("evictions", "spilled_to_peers", "spilled_to_disk", "partitions_on_disk")
+
+
 class ClusterInspection:
     """The inspection half of ``Cluster`` (a mixin: it reads the cluster's own state)."""
 
@@ -61,13 +65,15 @@ class ClusterInspection:
 
     def stats(self) -> dict:
         """The observability contract of DESIGN 5: paging counters, stage and task counts,
-        worker totals (``pages_fetched``, ``faults``) and ``workers`` (:meth:`worker_stats`)."""
+        worker totals (``pages_fetched``, ``faults``, page-cache ``evictions``, partitions
+        ``spilled_to_peers`` / ``spilled_to_disk``, ``partitions_on_disk``) and ``workers``
+        (:meth:`worker_stats`, each with its ``memory_budget`` and its two shares)."""
         stats = dict(self._paging.stats())
         workers = self.worker_stats()
         stats.update(stages_run=self._executor.stages_run, tasks_run=self._executor.tasks_run)
         stats.update(self.counters())
         stats["scheduler"] = self._executor.snapshot()
-        for key in ("pages_fetched", "faults"):
+        for key in ("pages_fetched", "faults", *MEMORY_TOTALS):
             stats[key] = sum(w.get(key, 0) for w in workers)
         stats["workers"] = workers
         return stats

@@ -47,7 +47,7 @@ from clamor.runtime.scheduler import (
     StageFailed,
     TaskResult,
 )
-from clamor.runtime.stage import DRIVER, PartitionKey, StageSpec
+from clamor.runtime.stage import DRIVER, PartitionKey, StageSpec, TaskSpec
 from clamor.runtime.telemetry import Telemetry
 from clamor.runtime.transport import decode_exception
 
@@ -365,7 +365,7 @@ class Executor:
                 run = _StageRun(program, epoch if stage.epoch is None else stage.epoch,
                                 concurrent.futures.Future(), stage.name, stage.recompute)  # fmt: skip
                 self._stages[stage_id] = run
-                tasks = list(stage.tasks)
+                tasks = self._with_cached(stage.tasks)
                 self.telemetry.stage_started(stage_id, stage.name, len(tasks), run.epoch,
                                              stage.recompute)  # fmt: skip
                 self._post(lambda s: self._submit(s, stage_id, tasks, run.future))
@@ -380,6 +380,16 @@ class Executor:
         values = [self._value(r) for r in results]
         self._merge_accumulators(results)
         return values
+
+    def _with_cached(self, tasks: list[TaskSpec]) -> list[TaskSpec]:
+        """Tasks that say which arena ranges they read, told which workers cache them."""
+        if not any(t.reads for t in tasks):
+            return list(tasks)
+        return [
+            dataclasses.replace(t, cached=tuple(sorted(self._paging.cached_bytes(t.reads).items())))
+            if t.reads else t
+            for t in tasks
+        ]
 
     def _submit(self, state: SchedulerState, stage_id: int, tasks: list, future) -> list:
         try:

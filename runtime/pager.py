@@ -193,6 +193,22 @@ class DriverPager:
             )
         return arrays
 
+    def cached_bytes(self, reads: tuple[tuple[int, int], ...]) -> dict[int, int]:
+        """Worker -> bytes of the pages of these arena byte ranges ``(offset, nbytes)``
+        whose current version it caches, by the directory (placement by pages)."""
+        cached: dict[int, int] = {}
+        for offset, nbytes in reads:
+            first = int(offset) // self.page_size
+            count = max(0, -(-(int(offset) + int(nbytes)) // self.page_size) - first)
+            if not count:
+                continue
+            sets = np.zeros(count, np.uint64)
+            n = int(lib.clamor_driver_page_holders(first, count, ffi.from_buffer("uint64_t[]", sets)))
+            bits = np.unpackbits(sets[:n].view(np.uint8).reshape(n, 8), axis=1, bitorder="little")
+            for worker in np.flatnonzero(bits.any(axis=0)):
+                cached[int(worker)] = cached.get(int(worker), 0) + int(bits[:, worker].sum()) * self.page_size
+        return cached
+
     def used_pages(self) -> int:
         """Pages up to the arena's high-water mark (everything ever handed out)."""
         return -(-arena.arena_stats()["high_water"] // self.page_size)

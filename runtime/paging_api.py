@@ -87,6 +87,10 @@ class DriverPaging(Protocol):
         """Per-page counter arrays for pages ``[first, first + count)`` (the views' heatmap)."""
         ...
 
+    def cached_bytes(self, reads: tuple[tuple[int, int], ...]) -> dict[int, int]:
+        """Worker -> bytes of these arena ranges ``(offset, nbytes)`` it caches (placement)."""
+        ...
+
     def close(self) -> None:
         """The cluster is closing."""
         ...
@@ -146,6 +150,9 @@ class NullDriverPaging:
         wide = ("requests", "driver_bytes", "peer_bytes")
         return {k: np.zeros(0, np.uint64 if k in wide else np.uint32)
                 for k in (*wide, "holders", "version")}  # fmt: skip
+
+    def cached_bytes(self, reads: tuple[tuple[int, int], ...]) -> dict[int, int]:
+        return {}
 
     def close(self) -> None:
         pass

@@ -207,6 +207,12 @@ class Compiled:
     inputs: Callable[[int], tuple]
     persists: tuple[Persisting, ...] = ()
     ops: tuple[str, ...] = ()
+    #: The arena ranges partition ``i`` is known to read (``TaskSpec.reads``).
+    reads: Callable[[int], tuple] = lambda i: ()
+
+    def task(self, k: int, i: int, **fields: Any) -> TaskSpec:
+        """Task ``k`` of a stage computing partition ``i``: its inputs and known reads."""
+        return TaskSpec(k, inputs=self.inputs(i), reads=self.reads(i), **fields)
 
     def persisted(self, i: int) -> list[Made]:
         """The persisted partitions that computing partition ``i`` makes."""
@@ -263,13 +269,14 @@ class Job:
             Cached(inner.op, prefix, held),
             lambda i: (prefix + (i,),) if i in held else inner.inputs(i),
             inner.persists + (Persisting(node.id, held, inner.ops),),
+            reads=lambda i: () if i in held else inner.reads(i),
         )
 
     def _compile(self, node: Node) -> Compiled:
         if isinstance(node, Source):
             prefix = node.driver_keys
             inputs = _no_inputs if prefix is None else lambda i: (prefix + (i,),)
-            return Compiled(node.op, inputs, ops=(node.name,))
+            return Compiled(node.op, inputs, ops=(node.name,), reads=getattr(node.op, "reads", _no_inputs))
         if isinstance(node, Narrow):
             parent = self.compile(node.parent)
             op = parent.op
@@ -277,7 +284,7 @@ class Job:
                 op = Pipeline(op.parent, op.fns + (node.fn,))
             else:
                 op = Pipeline(op, (node.fn,))
-            return Compiled(op, parent.inputs, parent.persists, parent.ops + (node.name,))
+            return Compiled(op, parent.inputs, parent.persists, parent.ops + (node.name,), parent.reads)
         if isinstance(node, Zip):
             left, right = self.compile(node.left), self.compile(node.right)
             return Compiled(
@@ -285,6 +292,7 @@ class Job:
                 lambda i: tuple(dict.fromkeys(left.inputs(i) + right.inputs(i))),
                 left.persists + right.persists,
                 left.ops + right.ops + (node.name,),
+                lambda i: left.reads(i) + right.reads(i),
             )
         if isinstance(node, Shuffle):
             if node.id not in self._shuffles:
@@ -321,7 +329,7 @@ class Job:
             compiled = self.compile(node)
             held = _persisted.get(node.id, set())
             todo = tuple(i for i in range(parts.start, min(parts.stop, node.n)) if i not in held)
-            tasks = [TaskSpec(k, compiled.inputs(i), reply=False) for k, i in enumerate(todo)]
+            tasks = [compiled.task(k, i, reply=False) for k, i in enumerate(todo)]
             persisted = lambda k, c=compiled, parts=todo: c.persisted(parts[k])
             self.run(f"persist {node.name}", CollectTask(compiled.op, todo), tasks, persisted)
 
@@ -331,7 +339,7 @@ class Job:
         sides = [self.compile(side) for side in node.sides]
         tag = ("shuffle", self.token, node.id)
         where = [(s, i) for s, side in enumerate(node.sides) for i in range(side.n)]
-        tasks = [TaskSpec(k, inputs=sides[s].inputs(i)) for k, (s, i) in enumerate(where)]
+        tasks = [sides[s].task(k, i) for k, (s, i) in enumerate(where)]
         program = ShuffleMapTask(
             tuple(c.op for c in sides), node.splits, tuple(s.n for s in node.sides), node.n, tag
         )
@@ -477,7 +485,7 @@ class Job:
         parts = range(node.n) if parts is None else parts
         self._prepare([node], parts)
         compiled = self.compile(node)
-        tasks = [TaskSpec(k, inputs=compiled.inputs(i)) for k, i in enumerate(parts)]
+        tasks = [compiled.task(k, i) for k, i in enumerate(parts)]
         program = CollectTask(compiled.op, parts, limit)
         return self.run(node.name, program, tasks, lambda k: compiled.persisted(parts[k]))
 
@@ -507,14 +515,11 @@ class Job:
         compiled = self.compile(node)
         program = PartialTask(compiled.op, aggregate, range(node.n))
         if node.n == 1:
-            tasks = [TaskSpec(0, compiled.inputs(0))]
+            tasks = [compiled.task(0, 0)]
             return aggregate.finish(self.run(f"{node.name} (partial)", program, tasks, compiled.persisted)[0])
         level = [("agg", self.token, 0, i) for i in range(node.n)]
         self.temp.extend(level)
-        tasks = [
-            TaskSpec(i, inputs=compiled.inputs(i), output=level[i], reply=False)
-            for i in range(node.n)
-        ]
+        tasks = [compiled.task(i, i, output=level[i], reply=False) for i in range(node.n)]
         partial_ops = compiled.ops + ("partial",)
         self.run(f"{node.name} (partials)", program, tasks, compiled.persisted,
                  lambda k, _: [Made(level[k], partial_ops)])  # fmt: skip

@@ -463,6 +463,9 @@ class SchedulerState:
             return
         heapq.heappush(stage.unpinned, index)
         held = self._partitions.held(spec.inputs)
+        for worker, nbytes in spec.cached:  # its arena pages, cached there (by the directory)
+            if worker in self._workers:
+                held[worker] = held.get(worker, 0) + nbytes
         if held:
             heapq.heappush(stage.preferred.setdefault(pick_worker(held, held), []), index)
 

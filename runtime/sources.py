@@ -57,6 +57,13 @@ class ChunksOp:
             return self.chunks[i]
         return ctx.input(self.driver_keys + (i,))
 
+    def reads(self, i: int) -> tuple[tuple[int, int], ...]:
+        """The arena range partition ``i`` reads, when it is a slice of an arena array."""
+        chunk = None if self.chunks is None else self.chunks[i]
+        if isinstance(chunk, np.ndarray) and chunk.nbytes and arena.in_arena(chunk):
+            return ((arena.arena_offset(chunk), int(chunk.nbytes)),)
+        return ()
+
 
 @dataclasses.dataclass(frozen=True)
 class RangeOp:

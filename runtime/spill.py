@@ -28,6 +28,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -101,7 +102,7 @@ class SpillingStore(PartitionStore):
         self.worker_id = worker_id
         self.budget = budget
         self.spill = spill
-        self._dir = os.path.join(spill_dir or ".", f"worker-{worker_id}-{os.getpid()}")
+        self._dir = os.path.join(spill_dir or tempfile.gettempdir(), f"worker-{worker_id}-{os.getpid()}")
         self._find_peers = find_peers
         self._peer_stub = peer_stub
         self._spilled: dict[PartitionKey, _Spilled] = {}

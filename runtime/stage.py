@@ -42,7 +42,10 @@ class TaskSpec:
     per logical id, whatever the retries). ``inputs``: the partitions it reads,
     which the scheduler locates (and prefers to run the task where they are).
     ``output``: keep the result on the worker under this key. ``reply``: send
-    the result to the driver. ``worker``: run on this worker only.
+    the result to the driver. ``worker``: run on this worker only. ``reads``: arena
+    byte ranges ``(offset, nbytes)`` it is known to read (e.g. its slice of an arena
+    array); the executor fills ``cached`` from the driver's directory (``(worker,
+    bytes of them it caches)``) and the scheduler prefers those workers too.
     """
 
     index: int
@@ -50,6 +53,8 @@ class TaskSpec:
     output: PartitionKey | None = None
     reply: bool = True
     worker: int | None = None
+    reads: tuple[tuple[int, int], ...] = ()
+    cached: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass

@@ -99,6 +99,9 @@ uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests
                                   uint64_t *driver_bytes, uint64_t *peer_bytes,
                                   uint32_t *holders, uint32_t *version);
 int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out);
+/* The directory's holder sets (bit w: worker w holds the current version) of pages
+ * [first, first + n); returns how many were filled (fewer past the arena's end). */
+uint64_t clamor_driver_page_holders(uint64_t first, uint64_t n, uint64_t *sets);
 /* Frees version-log entries that no epoch >= floor reads; returns the bytes freed.
  * The floor only rises; requests for older epochs are refused from then on. */
 uint64_t clamor_driver_trim_log(uint32_t floor);

@@ -474,6 +474,13 @@ uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests
     return n;
 }
 
+uint64_t clamor_driver_page_holders(uint64_t first, uint64_t n, uint64_t *sets) {
+    if (!D.running || first >= D.npages) return 0;
+    if (n > D.npages - first) n = D.npages - first;
+    for (uint64_t i = 0; i < n; i++) sets[i] = __atomic_load_n(&D.holders[first + i], __ATOMIC_RELAXED);
+    return n;
+}
+
 int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out) {
     if (!D.running || page >= D.npages) return -CL_ERR_PAGE_RANGE;
     if (epoch == 0 || epoch > atomic_load(&D.epoch) || epoch < atomic_load(&D.floor))

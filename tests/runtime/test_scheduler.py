@@ -711,6 +711,13 @@ def test_moves_of_unknown_keys_are_ignored_and_a_move_to_a_lost_worker_loses_the
     assert state.holder("j") is None
 
 
+def test_a_task_goes_to_the_worker_caching_the_arena_pages_it_reads():
+    state = cluster(0, 1, 2)
+    specs = [TaskSpec(0, cached=((2, 4096), (0, 1024))), TaskSpec(1, cached=((1, 10), (9, 99)))]
+    placed = launched(state.stage_submitted(1, specs))  # worker 9 is no live worker
+    assert {w: indices(a) for w, a in placed.items()} == {2: [0], 1: [1]}
+
+
 # --- reruns after a lost worker ----------------------------------------------
 
 

@@ -9,6 +9,10 @@ the worker stats say where each one lives.
 
 from __future__ import annotations
 
+import glob
+import os
+import tempfile
+
 import numpy as np
 import pytest
 from clamor.runtime import plan
@@ -45,6 +49,11 @@ def where(cluster, ds) -> list[tuple[int, str]]:
     return [(parts[("ds", ds.id, i)]["holder"], parts[("ds", ds.id, i)]["tier"]) for i in range(8)]
 
 
+def spill_files() -> list[str]:
+    """The files this process's clusters' workers spilled to disk."""
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"clamor-spill-{os.getpid()}-*", "*", "*"))
+
+
 def stats(cluster) -> dict[int, dict]:
     return {w["id"]: w for w in cluster.worker_stats()}
 
@@ -62,6 +71,7 @@ def test_partitions_over_a_budget_spill_to_the_peer_while_it_has_room_then_to_di
         assert s[0]["partition_bytes"] <= 4 * MiB and s[1]["partition_bytes"] <= 12 * MiB
         assert all(tier == "memory" for _, tier in where(cluster, a) + where(cluster, b))
         assert [h for h, _ in where(cluster, a)] == [1] * 8  # a's half from worker 0 moved there
+        assert cluster.stats()["spilled_to_peers"] == 4  # summed over the workers
 
         c = persist_block(cluster, 16)  # both full now: what no peer has room for goes to disk
         s = stats(cluster)
@@ -101,6 +111,8 @@ def test_spill_to_disk_only_keeps_peers_out_of_it_and_gives_the_same_results():
         assert s[0]["spilled_to_disk"] == 4 and s[0]["partitions_on_disk"] == 4
         assert sum(tier == "disk" for _, tier in where(cluster, a) + where(cluster, b)) == 4
         assert totals(a) == expected(0) and totals(b) == expected(8)
+        assert len(spill_files()) == 4
+    assert spill_files() == []  # closing the cluster removes what its workers spilled
 
 
 def test_bad_budgets_and_spill_policies_are_refused_before_any_worker_starts():
@@ -123,3 +135,22 @@ def test_the_default_budget_is_a_fair_share_of_this_hosts_memory():
         share = int(psutil.virtual_memory().total * memory.HOST_SHARE) // 2
         assert s[0]["memory_budget"] == s[1]["memory_budget"] == share
         assert s[0]["partition_budget"] + s[0]["page_cache_budget"] == share
+
+
+def test_tasks_over_an_arena_array_go_where_its_pages_are_cached():
+    """Placement by pages: a partition of an arena array runs on the worker caching its
+    pages (by the driver's directory), whatever the worker-by-room order would say."""
+    with clamor.Cluster(workers=2, transport="tcp") as cluster:
+        x = clamor.array(8 * MiB // 8, np.float64)
+        x[:] = np.arange(len(x)) % 7
+        ds = cluster.parallelize(x, partitions=8)
+        half = len(x) // 2
+        # each worker caches the half that placement by room alone would give the other
+        cluster.run_stage([(1, np.sum, (x[:half],)), (0, np.sum, (x[half:],))])
+        before = {i: w["pages_fetched"] for i, w in stats(cluster).items()}
+
+        sums = ds.map_partitions(lambda p: [float(p.sum())]).collect()
+
+        assert sums == [float(p.sum()) for p in np.array_split(x, 8)]
+        fetched = {i: w["pages_fetched"] - before[i] for i, w in stats(cluster).items()}
+        assert fetched == {0: 0, 1: 0}  # every task found its pages where it ran
