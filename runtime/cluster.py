@@ -30,6 +30,7 @@ from typing import Any, Self
 import cloudpickle
 import grpc
 from clamor.runtime import checkpoint, lineage, memory, shipping, snapshots
+from clamor.runtime.bulk import BulkClient
 from clamor.runtime.cluster_inspection import ClusterInspection
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.dataset import DatasetSources
@@ -46,7 +47,12 @@ from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.shipping import pack_task
 from clamor.runtime.stage import PartitionKey, StageSpec, TaskContext, TaskSpec
 from clamor.runtime.throttle import Throttle
-from clamor.runtime.transport import PROTOCOL_VERSION, connect, create_server
+from clamor.runtime.transport import (
+    PROTOCOL_VERSION,
+    connect,
+    create_server,
+    format_address,
+)
 
 logger = logging.getLogger("clamor.cluster")
 
@@ -237,6 +243,7 @@ class Cluster(ClusterInspection, DatasetSources):
             version_floor=lambda epoch: c._version_floor(epoch) if (c := me()) else epoch,
             speculation=speculation,
             speculation_factor=speculation_factor,
+            bulk=None if tls else BulkClient(self._token.encode()),
         )
         self._pins: collections.Counter[int] = collections.Counter()
 
@@ -308,9 +315,12 @@ class Cluster(ClusterInspection, DatasetSources):
         return pb.RegisterReply(worker_id=worker_id, config=cloudpickle.dumps(config))
 
     def _on_ready(self, worker_id: int, info: dict) -> None:
+        """``info``: what its pager announced, and the port of its bulk server (if any)."""
+        bulk_port = info.pop("bulk_port", None)
         self._paging.worker_ready(worker_id, info)
         worker = self._workers[worker_id]
-        self._executor.worker_added(worker_id, worker.stub, worker.address)  # before it is used
+        bulk = format_address(worker.host, bulk_port) if bulk_port else ""
+        self._executor.worker_added(worker_id, worker.stub, worker.address, bulk)  # before it is used
         with self._cond:
             worker.info = info
             worker.ready = True

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import grpc
 from clamor.runtime import accumulators, shipping
+from clamor.runtime.bulk import BulkClient, BulkError
 from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
 from clamor.runtime.paging_api import DriverPaging
 from clamor.runtime.partitions import (
@@ -82,11 +83,12 @@ class _Endpoint:
     on one thread cost less than gRPC futures, which spin up helper threads."""
 
     def __init__(
-        self, worker: int, stub: pb_grpc.WorkerStub, address: str,
+        self, worker: int, stub: pb_grpc.WorkerStub, address: str, bulk_address: str,
         unreachable: Callable[[int, str], None],
     ) -> None:  # fmt: skip
         self.stub = stub
         self.address = address
+        self.bulk_address = bulk_address
         self._worker = worker
         self._unreachable = unreachable
         self._calls: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
@@ -116,7 +118,8 @@ class Executor:
     waits, to detect lost workers. ``unreachable(worker, error)``: a call to a
     worker failed; the owner decides whether it is lost (and then calls
     :meth:`worker_lost`). ``min_ref_bytes``: arena arrays at least this large
-    travel by reference.
+    travel by reference. ``bulk``: fetches partitions from workers' bulk servers
+    (``None``: gRPC streams only, e.g. with TLS).
     """
 
     def __init__(
@@ -130,8 +133,10 @@ class Executor:
         window: int = 32,
         speculation: bool = True,
         speculation_factor: float = 2.0,
+        bulk: BulkClient | None = None,
     ) -> None:
         self._paging = paging
+        self._bulk = bulk
         self._poll = poll
         self._unreachable = unreachable
         self._min_ref_bytes = min_ref_bytes
@@ -213,8 +218,10 @@ class Executor:
             self._launch(Launch(worker, tuple(attempts)))
         launches.clear()
 
-    def worker_added(self, worker: int, stub: pb_grpc.WorkerStub, address: str) -> None:
-        self._endpoints[worker] = _Endpoint(worker, stub, address, self._unreachable)
+    def worker_added(
+        self, worker: int, stub: pb_grpc.WorkerStub, address: str, bulk_address: str = ""
+    ) -> None:
+        self._endpoints[worker] = _Endpoint(worker, stub, address, bulk_address, self._unreachable)
         self.telemetry.worker_added(worker)
         self._post(lambda s: s.worker_added(worker, now=time.monotonic()))
 
@@ -319,8 +326,9 @@ class Executor:
         for key in spec.inputs:
             holder = attempt.locations[key]
             endpoint = self._endpoints.get(holder)
-            address = endpoint.address if endpoint is not None else ""
-            inputs.append(pb.InputLocation(key=encode_key(key), holder=holder, address=address))
+            address, bulk = (endpoint.address, endpoint.bulk_address) if endpoint else ("", "")
+            inputs.append(pb.InputLocation(key=encode_key(key), holder=holder, address=address,
+                                           bulk_address=bulk))  # fmt: skip
         return pb.Assignment(
             attempt_id=attempt.id,
             index=attempt.index,
@@ -492,6 +500,11 @@ class Executor:
         if holder == DRIVER:
             return self.driver_store.get(key)
         endpoint = self._endpoints[holder]
+        if endpoint.bulk_address and self._bulk is not None:
+            try:
+                return self._bulk.get(endpoint.bulk_address, key)
+            except BulkError as exc:
+                logger.info("%s; trying GetPartition", exc)
         try:
             stream = endpoint.stub.GetPartition(pb.PartitionRequest(key=encode_key(key)), timeout=600)
             return join_chunks(stream)

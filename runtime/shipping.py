@@ -58,8 +58,10 @@ def _rebuild(offset: int, shape: tuple, dtype: np.dtype, strides: tuple) -> np.n
 
 
 class _Pickler(cloudpickle.Pickler):
-    def __init__(self, file: io.BytesIO, min_ref_bytes: int | None) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+    def __init__(
+        self, file: io.BytesIO, min_ref_bytes: int | None, buffer_callback: Callable | None = None
+    ) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=buffer_callback)
         self.min_ref_bytes = min_ref_bytes
 
     def reducer_override(self, obj: Any) -> Any:
@@ -81,9 +83,17 @@ def dumps(obj: object, min_ref_bytes: int | None = None) -> bytes:
     return buf.getvalue()
 
 
-def loads(data: bytes) -> object:
-    """Inverse of `dumps`."""
-    return pickle.loads(data)
+def dumps_out_of_band(obj: object) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Like `dumps`, but large buffers (array data) stay out of the pickle, uncopied,
+    for a transport that sends them as they are (runtime/bulk.py); `loads(data, buffers)`."""
+    buf, buffers = io.BytesIO(), []
+    _Pickler(buf, None, buffers.append).dump(obj)
+    return buf.getvalue(), buffers
+
+
+def loads(data: bytes, buffers: Sequence | None = None) -> object:
+    """Inverse of `dumps` (and of `dumps_out_of_band`, given its buffers)."""
+    return pickle.loads(data, buffers=buffers)
 
 
 # --- task payloads: fail at submission, naming the culprit -------------------------

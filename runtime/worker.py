@@ -25,9 +25,11 @@ import socket
 import sys
 import threading
 import time
+from typing import Any
 
 import grpc
 import psutil
+from clamor.runtime.bulk import BulkServer
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.exitcodes import (
     EXIT_DRIVER_REFUSED,
@@ -41,6 +43,7 @@ from clamor.runtime.partitions import PartitionStore, decode_key
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.spill import SpillingStore
+from clamor.runtime.stage import PartitionKey
 from clamor.runtime.transport import connect, create_server, split_address
 from clamor.runtime.worker_executor import WorkerExecutor
 
@@ -69,7 +72,14 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         self.executor: WorkerExecutor | None = None
         self.store: PartitionStore = PartitionStore()  # replaced by a SpillingStore once configured
         self.memory_budget = 0
+        self.bulk: BulkServer | None = None
         self.shutdown_requested = threading.Event()
+
+    def lookup(self, key: PartitionKey) -> Any:
+        """A partition's value for the bulk server (``KeyError`` if not held here)."""
+        if key not in self.store:
+            raise KeyError(key)
+        return self.store.get(key)
 
     def _ready(self, context) -> WorkerExecutor:
         if self.executor is None:
@@ -122,6 +132,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             "tasks_queued": executor.queued,
             "partitions": len(self.store),
             "rss_bytes": psutil.Process().memory_info().rss,
+            "partitions_served_bulk": self.bulk.served if self.bulk else 0,
             **WorkerBudget(self.memory_budget).as_dict(),
         }
         stats.update(self.store.stats())
@@ -317,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         config = pickle.loads(reply.config)
         factory = config.get("paging_factory")
         paging = load_factory(factory)(worker_id, config) if factory else NullWorkerPaging()
-        info = pickle.dumps(paging.info())
+        info = paging.info()
     except Exception as exc:
         logger.exception("paging set-up failed")
         _die(
@@ -327,8 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     servicer.memory_budget = int(config.get("memory_budget", 0))
     servicer.store = _spilling_store(worker_id, config, scheduler, servicer)
     servicer.executor = WorkerExecutor(worker_id, paging, scheduler, credentials, servicer.store)
+    if not tls:  # partitions to peers over plain TCP (runtime/bulk.py); with TLS, gRPC only
+        servicer.bulk = BulkServer(token.encode(), host, servicer.lookup)
+        info["bulk_port"] = servicer.bulk.port
     try:
-        scheduler.Ready(pb.ReadyRequest(worker_id=worker_id, info=info), timeout=30)
+        scheduler.Ready(pb.ReadyRequest(worker_id=worker_id, info=pickle.dumps(info)), timeout=30)
     except grpc.RpcError as exc:
         _die(
             EXIT_DRIVER_UNREACHABLE,

@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 from clamor.runtime import shipping
+from clamor.runtime.bulk import BulkClient, BulkError
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.paging_api import WorkerPaging
@@ -83,6 +84,8 @@ class WorkerExecutor:
         self._moved: list[pb.PartitionMove] = []  # spills, sent after the reports of their time
         self._cond = threading.Condition()
         self._peers: dict[str, pb_grpc.WorkerStub] = {}
+        #: Partitions from peers' bulk servers (``None`` with TLS: gRPC streams only).
+        self.bulk = None if credentials.tls else BulkClient(credentials.token.encode())
         self._running: int | None = None
         for target, name in ((self._run_loop, "clamor-tasks"), (self._report_loop, "clamor-report")):
             threading.Thread(target=target, name=name, daemon=True).start()
@@ -181,7 +184,7 @@ class WorkerExecutor:
 
     def _run(self, program: Any, item: _Queued) -> pb.TaskReport:
         a = item.assignment
-        locations = {decode_key(i.key): (i.holder, i.address) for i in a.inputs}
+        locations = {decode_key(i.key): (i.holder, i.address, i.bulk_address) for i in a.inputs}
         fetched: dict[PartitionKey, Any] = {}
 
         def fetch(key: PartitionKey) -> Any:
@@ -223,9 +226,14 @@ class WorkerExecutor:
             self._store.put(key, value, spillable=False)  # on its way out
             report.value_key = encode_key(key)
 
-    def _fetch(self, key: PartitionKey, holder: int, address: str) -> Any:
+    def _fetch(self, key: PartitionKey, holder: int, address: str, bulk_address: str) -> Any:
         if holder == self.worker_id or key in self._store:  # e.g. a peer spilled it here
             return self._store.get(key)
+        if bulk_address and self.bulk is not None:
+            try:
+                return self.bulk.get(bulk_address, key)
+            except BulkError as exc:  # e.g. a stale location: GetPartition says what it is
+                logger.info("%s; trying GetPartition", exc)
         request = pb.PartitionRequest(key=encode_key(key))
         try:
             if holder == DRIVER:
