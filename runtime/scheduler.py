@@ -44,6 +44,8 @@ from typing import Any
 
 from clamor.runtime.errors import MissingPartitionError, WorkerLostError
 from clamor.runtime.scheduler_policy import (  # the instructions live there, used from here
+    FETCH_RATE,
+    MIN_TASK_SECONDS,
     Attempt,
     Cancel,
     Drop,
@@ -58,6 +60,7 @@ from clamor.runtime.scheduler_policy import (  # the instructions live there, us
     TaskResult,
     WorkerState,
     group,
+    median,
     pick_worker,
     place_stage,
 )
@@ -74,7 +77,8 @@ class SchedulerState:
     ``1..window``; a slow worker's is 1).
     ``max_attempts``: how many attempts of one task may be lost with their worker
     before its stage fails. ``speculation*``: see :class:`SpeculationPolicy`
-    (``speculation_min``: its ``minimum``, seconds).
+    (``speculation_min``: its ``minimum``, seconds). ``fetch_rate``: bytes per second the
+    fetch-cost model charges for moving a task's input (see :meth:`_worth_moving`).
     """
 
     def __init__(
@@ -86,10 +90,12 @@ class SchedulerState:
         speculation_factor: float = 2.0,
         speculation_min: float = 0.05,
         speculation_quantile: float = 0.25,
+        fetch_rate: float = FETCH_RATE,
     ) -> None:
         if window < 1 or max_attempts < 1:
             raise ValueError(f"window, max_attempts must be at least 1: {window}, {max_attempts}")
         self.window = window
+        self.fetch_rate = fetch_rate
         self.max_attempts = max_attempts
         self.policy = SpeculationPolicy(
             speculation, speculation_factor, speculation_min, speculation_quantile
@@ -414,7 +420,7 @@ class SchedulerState:
         stage = self._stages.get(attempt.stage)
         if stage is None or attempt.index in stage.results:
             return None
-        stage.pending.discard(attempt.index)
+        stage.settle(attempt.index)
         return attempt
 
     def _set_head(self, state: WorkerState) -> None:
@@ -467,11 +473,15 @@ class SchedulerState:
             if worker in self._workers:
                 held[worker] = held.get(worker, 0) + nbytes
         if held:
-            heapq.heappush(stage.preferred.setdefault(pick_worker(held, held), []), index)
+            worker = pick_worker(held, held)
+            heapq.heappush(stage.preferred.setdefault(worker, []), index)
+            stage.prefers[index] = (worker, held[worker])
+            stage.waiting[worker] = stage.waiting.get(worker, 0) + 1
 
     def _requeue(self, stage: StageState) -> None:
         """Rebuild a stage's queues (after the registry changed under its preferences)."""
         stage.pinned, stage.preferred, stage.unpinned = {}, {}, []
+        stage.prefers, stage.waiting = {}, {}
         for index in sorted(stage.pending):
             self._enqueue(stage, index)
 
@@ -530,7 +540,7 @@ class SchedulerState:
             missing = self._missing(stage, sorted(stage.pending))  # ``index`` included
             out += self._fail(stage, MissingPartitionError(missing))
             return False
-        stage.pending.discard(index)
+        stage.settle(index)
         rerun = index in stage.rerun
         if rerun:
             stage.rerun.discard(index)
@@ -629,9 +639,26 @@ class SchedulerState:
                 if not any(r > 0 for r in room.values()):
                     break
                 launch = functools.partial(self._launch, stage, out)
-                if stage.pending and not place_stage(stage, room, launch):
+                worth = functools.partial(self._worth_moving, stage)
+                if stage.pending and not place_stage(stage, room, launch, worth):
                     placing = True  # a stage failed and freed slots: place again
                     break
+
+    def _worth_moving(self, stage: StageState, index: int, worker: int) -> bool:
+        """R3S's fetch-cost model: whether task ``index`` should run on ``worker`` rather
+        than wait for the worker holding its input. Yes while the stage has no baseline
+        (balance, as if every task cost the same), and when that worker is lost or slow;
+        then while the wait there (the tasks it runs and those queued for it, at the
+        stage's median duration) exceeds running here (behind this worker's own
+        attempts) plus fetching the input at ``fetch_rate``."""
+        holder, nbytes = stage.prefers[index]
+        there = self._workers.get(holder)
+        if there is None or there.slow is not None or not stage.durations:
+            return True
+        task = max(MIN_TASK_SECONDS, median(stage.durations))
+        wait = (stage.waiting.get(holder, 0) + len(there.running)) * task
+        here = (len(self._workers[worker].running) + 1) * task + nbytes / self.fetch_rate
+        return wait > here
 
     def _flush(self, out: list[Instruction]) -> list[Instruction]:
         """Append one Launch per worker for the attempts batched in this event."""

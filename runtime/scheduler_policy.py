@@ -110,6 +110,16 @@ Instruction = Launch | Cancel | StageDone | StageFailed | Drop | PartitionsLost
 #: on the holder's disk, only the network hop, since the disk read is paid either way
 #: (and costs more than a peer's memory).
 LOCAL_WEIGHT = {"memory": 1.0, "disk": 0.5}
+#: Bytes per second a partition moves from worker to worker, end to end (the bulk
+#: channel, runtime/bulk.py: ~1.3 ms per MiB measured between two workers on loopback;
+#: gRPC streams in TLS clusters take ~10): what the model charges a task run away from
+#: its input.
+FETCH_RATE = 600e6
+#: The least a task is assumed to take in the fetch-cost model (a stage's median may be
+#: ~0 for trivial tasks, which would make any fetch look too dear).
+MIN_TASK_SECONDS = 1e-3
+#: How many pending tasks one placement passes over looking for one worth moving.
+MAX_SKIPS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,13 +192,18 @@ def pop_pending(pending: Collection[int], heap: list[int] | None) -> int | None:
 
 
 def place_stage(
-    stage: StageState, room: dict[int, int], launch: Callable[[int, int], bool]
+    stage: StageState,
+    room: dict[int, int],
+    launch: Callable[[int, int], bool],
+    worth_moving: Callable[[int, int], bool] | None = None,
 ) -> bool:
     """Give a stage's pending tasks to workers with room (``room[worker]`` is taken down):
     ``launch(index, worker)`` each; ``False`` if one said the stage failed (no more then).
 
     Pinned tasks first, then tasks go to their preferred worker, then any other
-    unpinned task goes to the worker with the most room left (lowest id on ties).
+    unpinned task goes to the worker with the most room left (lowest id on ties),
+    but a task preferring another worker only if ``worth_moving(index, worker)``
+    (R3S's fetch cost against its wait there; at most :data:`MAX_SKIPS` passed over).
     """
     for queues in (stage.pinned, stage.preferred):
         for worker, queue in sorted(queues.items()):
@@ -201,17 +216,29 @@ def place_stage(
                 room[worker] -= 1
     free = [(-r, w) for w, r in room.items() if r > 0]
     heapq.heapify(free)
-    while free:
-        index = pop_pending(stage.pending, stage.unpinned)
-        if index is None:
-            break
-        _, worker = heapq.heappop(free)
-        if not launch(index, worker):
-            return False
-        room[worker] -= 1
-        if room[worker] > 0:
-            heapq.heappush(free, (-room[worker], worker))
-    return True
+    skipped: list[int] = []
+    try:
+        while free:
+            _, worker = heapq.heappop(free)
+            index = None
+            while len(skipped) < MAX_SKIPS:
+                index = pop_pending(stage.pending, stage.unpinned)
+                holder = stage.prefers.get(index, (worker,))[0] if index is not None else worker
+                if holder == worker or worth_moving is None or worth_moving(index, worker):
+                    break
+                skipped.append(index)
+                index = None
+            if index is None:
+                continue  # nothing worth moving here: it waits for the next event
+            if not launch(index, worker):
+                return False
+            room[worker] -= 1
+            if room[worker] > 0:
+                heapq.heappush(free, (-room[worker], worker))
+        return True
+    finally:
+        for index in skipped:
+            heapq.heappush(stage.unpinned, index)
 
 
 def group(pairs: Iterable[tuple[int, Any]]) -> dict[int, list[Any]]:
@@ -334,6 +361,17 @@ class StageState:
     preferred: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     #: heap of every unpinned pending index.
     unpinned: list[int] = dataclasses.field(default_factory=list)
+    #: unpinned pending index -> (the worker it prefers, its input bytes held there).
+    prefers: dict[int, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    #: worker -> how many pending indices prefer it (their wait there).
+    waiting: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    def settle(self, index: int) -> None:
+        """``index`` leaves the pending tasks: it no longer waits for its preferred worker."""
+        self.pending.discard(index)
+        preferred = self.prefers.pop(index, None)
+        if preferred is not None:
+            self.waiting[preferred[0]] -= 1
     #: running attempt id -> worker.
     running: dict[int, int] = dataclasses.field(default_factory=dict)
     #: index -> its running attempt ids (two while a speculative copy runs).

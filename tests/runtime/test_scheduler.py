@@ -711,6 +711,23 @@ def test_moves_of_unknown_keys_are_ignored_and_a_move_to_a_lost_worker_loses_the
     assert state.holder("j") is None
 
 
+@pytest.mark.parametrize(("queued_at_holder", "moves"), [(2, False), (20, True)])
+def test_an_idle_worker_takes_a_task_from_its_inputs_holder_only_when_waiting_costs_more(
+    queued_at_holder, moves
+):
+    """R3S's fetch-cost model: with 2 ms tasks and inputs that take 10 ms to fetch, an idle
+    worker takes a task off the holder's queue only if the task would wait longer there."""
+    state = cluster(0, 1, window=1)
+    n = queued_at_holder + 1
+    ten_ms = int(0.010 * state.fetch_rate)  # bytes
+    state.partitions_added(0, {f"p{i}": ten_ms for i in range(1, n + 1)})
+    specs = [TaskSpec(0)] + [TaskSpec(i, inputs=(f"p{i}",)) for i in range(1, n + 1)]
+    placed = launched(state.stage_submitted(1, specs))
+    assert {w: indices(a) for w, a in placed.items()} == {0: [1], 1: [0]}  # no baseline yet
+    out = finish(state, placed[1][0], duration=0.002)  # a baseline: tasks take 2 ms
+    assert (1 in launched(out)) is moves
+
+
 def test_a_task_goes_to_the_worker_caching_the_arena_pages_it_reads():
     state = cluster(0, 1, 2)
     specs = [TaskSpec(0, cached=((2, 4096), (0, 1024))), TaskSpec(1, cached=((1, 10), (9, 99)))]
