@@ -22,7 +22,7 @@ from typing import Any
 from common import RESULTS, median, ratio, spread
 
 #: Workloads in the order the report shows them (others follow, alphabetically).
-ORDER = ("lookups", "lookups-network", "replication", "replication-network", "streaming",
+ORDER = ("lookups", "lookups-network", "replication", "replication-network", "spill", "streaming",
          "streaming-network", "kdtree", "kdtree-network", "logreg", "kmeans", "overhead")
 
 

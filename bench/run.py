@@ -34,7 +34,7 @@ import network
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RESULTS = BENCH / "results"
-WORKLOADS = ("lookups", "streaming", "kdtree", "replication", "logreg", "kmeans", "overhead")
+WORKLOADS = ("lookups", "streaming", "kdtree", "replication", "spill", "logreg", "kmeans", "overhead")
 #: The workloads with a network mode (``--network``), run after all the loopback ones.
 NETWORK_WORKLOADS = ("lookups", "streaming", "replication", "kdtree")
 
