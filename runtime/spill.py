@@ -28,6 +28,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import shutil
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -287,6 +288,11 @@ class SpillingStore(PartitionStore):
                 self._peer_stub(address).DropPartitions(pb.DropRequest(keys=encoded), timeout=10)
             except grpc.RpcError:
                 pass  # a lost peer took them along
+
+    def close(self) -> None:
+        """Remove this worker's spill files (the driver removes the directory of a killed one
+        on its own host; a remote worker's go here)."""
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     # --- stats ---
 

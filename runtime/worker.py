@@ -352,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
 
     servicer.shutdown_requested.wait()
     server.stop(grace=1.0).wait(2.0)
+    if isinstance(servicer.store, SpillingStore):
+        servicer.store.close()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_OK)  # a task still running (wedged) must not keep the process alive
