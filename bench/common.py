@@ -71,6 +71,16 @@ def goal(text: str, value: float | None, target: float, why: str = "") -> dict[s
             "met": value is not None and value >= target, "why": why}  # fmt: skip
 
 
+def goal_lines(goals: list[dict[str, Any]], digits: int = 2) -> list[str]:
+    """The Markdown bullets of a workload's goals: value, met or not, and why."""
+    lines = []
+    for g in goals:
+        v = "n/a" if g["value"] is None else f"{g['value']:.{digits}f}×"
+        why = f" ({g['why']})" if g["why"] else ""
+        lines.append(f"- {g['goal']}: {v} — {'met' if g['met'] else 'NOT met'}{why}")
+    return lines
+
+
 def tree_rss(pids: Iterable[int]) -> int:
     """Resident bytes of the largest of ``pids`` (with their children): a worker's peak proxy."""
     best = 0

@@ -59,7 +59,7 @@ from typing import Any
 import harness
 import network
 import numpy as np
-from common import goal, median, ratio, row, save
+from common import goal, goal_lines, median, ratio, row, save
 from harness import progress
 from peers import DaskSession, RaySession
 
@@ -457,10 +457,7 @@ def render(result: dict) -> str:
             lines += ["", (f"Clamor paged in {100 * r['fraction_paged']:.1f} % of the {mib(r['tree_bytes'])} MiB "
                       "tree (median over repetitions).")]  # fmt: skip
     lines += ["", "## Goals", ""]
-    for g in result["goals"]:
-        v = "n/a" if g["value"] is None else f"{g['value']:.1f}×"
-        lines.append(f"- {g['goal']}: {v} — {'met' if g['met'] else 'NOT met'}{' (' + g['why'] + ')' if g['why'] else ''}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + goal_lines(result["goals"], digits=1)) + "\n"
 
 
 def main() -> None:

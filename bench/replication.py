@@ -45,7 +45,7 @@ from typing import Any
 import harness
 import network
 import numpy as np
-from common import goal, median, row, save
+from common import goal, goal_lines, median, row, save
 from harness import progress
 
 WORKERS = 4
@@ -204,10 +204,7 @@ def render(result: dict) -> str:
     dr, tr = result["ratios"]["driver_traffic_off_on"], result["ratios"]["time_off_on"]
     lines += ["", (f"Off ÷ on: driver traffic {'n/a' if dr is None else f'{dr:.2f}×'}, "
               f"end-to-end time {'n/a' if tr is None else f'{tr:.2f}×'}."), "", "## Goals", ""]  # fmt: skip
-    for g in result["goals"]:
-        v = "n/a" if g["value"] is None else f"{g['value']:.2f}×"
-        lines.append(f"- {g['goal']}: {v} — {'met' if g['met'] else 'NOT met'}{' (' + g['why'] + ')' if g['why'] else ''}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + goal_lines(result["goals"])) + "\n"
 
 
 def main() -> None:

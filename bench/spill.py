@@ -72,7 +72,7 @@ from typing import Any
 
 import harness
 import numpy as np
-from common import goal, row, save
+from common import goal, goal_lines, row, save
 from harness import progress
 
 MiB = 1 << 20
@@ -327,10 +327,7 @@ def render(result: dict) -> str:
     lines += ["", "Total re-read time ÷ peer: " + ", ".join(
         f"{k.split('_')[0]} {'n/a' if v is None else f'{v:.2f}×'}" for k, v in ratios.items()) + ".",
         "", "Why:", "", *(f"- {t}" for t in result["why"].values()), "", "## Goals", ""]  # fmt: skip
-    for g in result["goals"]:
-        v = "n/a" if g["value"] is None else f"{g['value']:.2f}×"
-        lines.append(f"- {g['goal']}: {v} — {'met' if g['met'] else 'NOT met'}{' (' + g['why'] + ')' if g['why'] else ''}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + goal_lines(result["goals"])) + "\n"
 
 
 def main() -> None:
