@@ -351,12 +351,8 @@ class Cluster(ClusterInspection, DatasetSources):
         held = self._executor.ask(lambda s: s.memory_held())
         with self._cond:
             addresses = {w.id: w.address for w in self._workers.values() if w.lost is None}
-        room = [
-            (w, addresses[w], self.budgets.of(w).partitions - used)
-            for w, used in held.items()
-            if w != worker_id and w in addresses
-        ]
-        return sorted((p for p in room if p[2] >= nbytes), key=lambda p: (-p[2], p[0]))
+        free = self.budgets.free(held, exclude=worker_id, at_least=nbytes)
+        return [(w, addresses[w], room) for w, room in free if w in addresses]
 
     # --- liveness ---
 
@@ -538,11 +534,6 @@ class Cluster(ClusterInspection, DatasetSources):
         """The worker (or ``DRIVER``) holding partition ``key``; ``None`` if nobody does."""
         return self._executor.holder(key)
 
-    def partitions(self) -> dict[PartitionKey, dict]:
-        """Where each kept partition lives: ``key -> {"holder", "tier", "nbytes"}``, where
-        ``tier`` is ``"memory"`` or ``"disk"`` (spilled there by its holder)."""
-        placement = self._executor.ask(lambda s: s.placement())
-        return {k: {"holder": h, "tier": t, "nbytes": n} for k, (h, t, n) in placement.items()}
 
     # --- inspection and faults ---
 

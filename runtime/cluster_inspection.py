@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from clamor.runtime import arena, lineage, snapshots
 from clamor.runtime.proto import clamor_pb2 as pb
+from clamor.runtime.stage import PartitionKey
 
 if TYPE_CHECKING:
     from clamor.runtime.executor import Executor
@@ -77,6 +78,12 @@ class ClusterInspection:
             stats[key] = sum(w.get(key, 0) for w in workers)
         stats["workers"] = workers
         return stats
+
+    def partitions(self) -> dict[PartitionKey, dict]:
+        """Where each kept partition lives: ``key -> {"holder", "tier", "nbytes"}``, where
+        ``tier`` is ``"memory"`` or ``"disk"`` (spilled there by its holder)."""
+        placement = self._executor.ask(lambda s: s.placement())
+        return {k: {"holder": h, "tier": t, "nbytes": n} for k, (h, t, n) in placement.items()}
 
     def counters(self) -> dict[str, int]:
         """Fault-tolerance counters, without calling the workers: ``tasks_rerun``,

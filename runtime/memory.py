@@ -93,6 +93,13 @@ class Budgets:
     def of(self, worker: int) -> WorkerBudget:
         return WorkerBudget(self.per_worker.get(worker, self.default))
 
+    def free(self, held: Mapping[int, int], exclude: int, at_least: int) -> list[tuple[int, int]]:
+        """R3S's spill targets: ``(worker, free partition memory)`` of the workers in ``held``
+        (worker -> partition bytes it keeps in memory) but ``exclude`` with room for
+        ``at_least`` bytes, most free first (lowest id on ties)."""
+        free = [(w, self.of(w).partitions - used) for w, used in held.items() if w != exclude]
+        return sorted((f for f in free if f[1] >= at_least), key=lambda f: (-f[1], f[0]))
+
 
 def check_spill(spill: str) -> str:
     if spill not in SPILL_POLICIES:

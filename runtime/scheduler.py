@@ -45,10 +45,10 @@ from typing import Any
 from clamor.runtime.errors import MissingPartitionError, WorkerLostError
 from clamor.runtime.scheduler_policy import (  # the instructions live there, used from here
     FETCH_RATE,
-    MIN_TASK_SECONDS,
     Attempt,
     Cancel,
     Drop,
+    FetchCost,
     Instruction,
     Launch,
     PartitionsLost,
@@ -60,7 +60,6 @@ from clamor.runtime.scheduler_policy import (  # the instructions live there, us
     TaskResult,
     WorkerState,
     group,
-    median,
     pick_worker,
     place_stage,
 )
@@ -78,7 +77,7 @@ class SchedulerState:
     ``max_attempts``: how many attempts of one task may be lost with their worker
     before its stage fails. ``speculation*``: see :class:`SpeculationPolicy`
     (``speculation_min``: its ``minimum``, seconds). ``fetch_rate``: bytes per second the
-    fetch-cost model charges for moving a task's input (see :meth:`_worth_moving`).
+    fetch-cost model charges for moving a task's input (:class:`FetchCost`).
     """
 
     def __init__(
@@ -95,7 +94,7 @@ class SchedulerState:
         if window < 1 or max_attempts < 1:
             raise ValueError(f"window, max_attempts must be at least 1: {window}, {max_attempts}")
         self.window = window
-        self.fetch_rate = fetch_rate
+        self.fetch = FetchCost(fetch_rate)
         self.max_attempts = max_attempts
         self.policy = SpeculationPolicy(
             speculation, speculation_factor, speculation_min, speculation_quantile
@@ -337,28 +336,13 @@ class SchedulerState:
     def partitions_moved(
         self, reporter: int, moves: dict[PartitionKey, tuple[int, str, int]]
     ) -> list[Instruction]:
-        """``reporter`` spilled partitions over its budget: ``key -> (holder, tier, nbytes)``.
-
-        To a peer (``holder`` that worker, tier ``"memory"``) or its own disk (``"disk"``).
-        Keys the registry no longer has (dropped meanwhile) are ignored; a key moved to a
-        worker that is lost by now is lost with it. Pending tasks are
-        placed again by where their inputs are now.
-        """
-        out: list[Instruction] = []
-        lost = []
-        for key, (holder, tier, nbytes) in moves.items():
-            if key not in self._partitions:
-                continue
-            if holder not in self._workers:
-                self._partitions.remove([key])
-                lost.append(key)
-            else:
-                self._partitions.move(key, holder, tier, nbytes)
-        if lost:
-            out.append(PartitionsLost(tuple(lost)))
+        """``reporter`` spilled partitions over its budget (:meth:`Registry.move`); a key
+        moved to a worker lost by now is lost with it. Pending tasks are placed again by
+        where their inputs are now."""
+        lost = self._partitions.move(moves, set(self._workers))
         for stage in self._stages.values():
             self._requeue(stage)
-        return self._refill(out)
+        return self._refill([PartitionsLost(tuple(lost))] if lost else [])
 
     def memory_held(self) -> dict[int, int]:
         """Live worker -> bytes of the partitions it keeps in memory, as far as reported."""
@@ -367,7 +351,7 @@ class SchedulerState:
 
     def placement(self) -> dict[PartitionKey, tuple[int, str, int]]:
         """Every partition kept: ``key -> (holder, tier, nbytes)``."""
-        return {k: (h, self._partitions.tier(k), n) for k, (h, n) in self._partitions.entries.items()}
+        return self._partitions.placement()
 
     def partitions_dropped(self, keys: Iterable[PartitionKey]) -> list[Instruction]:
         """Forget these partitions: one Drop per holder (unknown keys are ignored).
@@ -645,20 +629,14 @@ class SchedulerState:
                     break
 
     def _worth_moving(self, stage: StageState, index: int, worker: int) -> bool:
-        """R3S's fetch-cost model: whether task ``index`` should run on ``worker`` rather
-        than wait for the worker holding its input. Yes while the stage has no baseline
-        (balance, as if every task cost the same), and when that worker is lost or slow;
-        then while the wait there (the tasks it runs and those queued for it, at the
-        stage's median duration) exceeds running here (behind this worker's own
-        attempts) plus fetching the input at ``fetch_rate``."""
+        """Whether task ``index`` should run on ``worker`` rather than wait for the worker
+        holding its input (:meth:`FetchCost.worth_moving`); yes if that one is lost or slow."""
         holder, nbytes = stage.prefers[index]
         there = self._workers.get(holder)
-        if there is None or there.slow is not None or not stage.durations:
+        if there is None or there.slow is not None:
             return True
-        task = max(MIN_TASK_SECONDS, median(stage.durations))
-        wait = (stage.waiting.get(holder, 0) + len(there.running)) * task
-        here = (len(self._workers[worker].running) + 1) * task + nbytes / self.fetch_rate
-        return wait > here
+        waiting = stage.waiting.get(holder, 0) + len(there.running)
+        return self.fetch.worth_moving(stage.durations, waiting, len(self._workers[worker].running), nbytes)
 
     def _flush(self, out: list[Instruction]) -> list[Instruction]:
         """Append one Launch per worker for the attempts batched in this event."""

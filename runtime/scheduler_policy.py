@@ -167,6 +167,26 @@ class SpeculationPolicy:
         return max(self.minimum, self.factor * median(durations))
 
 
+@dataclasses.dataclass(frozen=True)
+class FetchCost:
+    """R3S's fetch-cost model for placement: moving a task away from the worker holding its
+    input costs fetching ``nbytes`` at ``rate`` bytes per second.
+
+    Before a stage has a baseline (no durations), tasks move freely (balance, as if all
+    cost the same). Then a task moves while its wait at the holder (``waiting`` tasks
+    there, queued and running, at the stage's median duration) exceeds running here
+    (behind ``running_here`` attempts) plus the fetch."""
+
+    rate: float = FETCH_RATE
+    min_task: float = MIN_TASK_SECONDS
+
+    def worth_moving(self, durations: list[float], waiting: int, running_here: int, nbytes: float) -> bool:
+        if not durations:
+            return True
+        task = max(self.min_task, median(durations))
+        return waiting * task > (running_here + 1) * task + nbytes / self.rate
+
+
 def median(values: list[float]) -> float:
     """The median of a non-empty, sorted list."""
     n = len(values)
@@ -288,17 +308,29 @@ class Registry:
                 used[holder] = used.get(holder, 0) + nbytes
         return used
 
-    def tier(self, key: PartitionKey) -> str:
-        """``"memory"`` or ``"disk"``: where its holder keeps ``key``."""
-        return self.tiers.get(key, "memory")
+    def placement(self) -> dict[PartitionKey, tuple[int, str, int]]:
+        """``key -> (holder, tier, nbytes)``; tier ``"memory"`` or ``"disk"``."""
+        return {k: (h, self.tiers.get(k, "memory"), n) for k, (h, n) in self.entries.items()}
 
-    def move(self, key: PartitionKey, holder: int, tier: str, nbytes: int) -> None:
-        """``key`` is now kept by ``holder`` in ``tier`` (a spill)."""
-        self.entries[key] = (holder, nbytes)
-        if tier == "memory":
-            self.tiers.pop(key, None)
-        else:
-            self.tiers[key] = tier
+    def move(self, moves: dict[PartitionKey, tuple[int, str, int]], live: Collection[int]) -> list[PartitionKey]:
+        """Spills: ``key -> (holder, tier, nbytes)``, to a peer (``holder`` that worker, tier
+        ``"memory"``) or to the holder's own disk (``"disk"``). Keys no longer here (dropped
+        meanwhile) are ignored; keys moved to a worker not ``live`` are forgotten and
+        returned (lost)."""
+        lost = []
+        for key, (holder, tier, nbytes) in moves.items():
+            if key not in self.entries:
+                continue
+            if holder not in live:
+                self.remove([key])
+                lost.append(key)
+                continue
+            self.entries[key] = (holder, nbytes)
+            if tier == "memory":
+                self.tiers.pop(key, None)
+            else:
+                self.tiers[key] = tier
+        return lost
 
     def add(self, holder: int, sizes: dict[PartitionKey, int]) -> dict[int, list[PartitionKey]]:
         """Enter partitions kept by ``holder``; the copies displaced from other holders."""

@@ -719,7 +719,7 @@ def test_an_idle_worker_takes_a_task_from_its_inputs_holder_only_when_waiting_co
     worker takes a task off the holder's queue only if the task would wait longer there."""
     state = cluster(0, 1, window=1)
     n = queued_at_holder + 1
-    ten_ms = int(0.010 * state.fetch_rate)  # bytes
+    ten_ms = int(0.010 * state.fetch.rate)  # bytes
     state.partitions_added(0, {f"p{i}": ten_ms for i in range(1, n + 1)})
     specs = [TaskSpec(0)] + [TaskSpec(i, inputs=(f"p{i}",)) for i in range(1, n + 1)]
     placed = launched(state.stage_submitted(1, specs))

@@ -154,3 +154,12 @@ def test_tasks_over_an_arena_array_go_where_its_pages_are_cached():
         assert sums == [float(p.sum()) for p in np.array_split(x, 8)]
         fetched = {i: w["pages_fetched"] - before[i] for i, w in stats(cluster).items()}
         assert fetched == {0: 0, 1: 0}  # every task found its pages where it ran
+
+
+def test_spill_targets_are_the_other_workers_with_room_most_free_memory_first():
+    from clamor.runtime.memory import Budgets
+
+    budgets = Budgets({0: 8 * MiB, 1: 24 * MiB, 2: 24 * MiB}, local_workers=3)  # 4, 12, 12 MiB
+    held = {0: 4 * MiB, 1: 5 * MiB, 2: 11 * MiB}
+    assert budgets.free(held, exclude=0, at_least=MiB) == [(1, 7 * MiB), (2, MiB)]
+    assert budgets.free(held, exclude=1, at_least=2 * MiB) == []  # worker 0 is full, 2 nearly
