@@ -30,6 +30,7 @@ from typing import Any
 from clamor.kernel import cluster_registry
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.errors import ClamorError
+from clamor.runtime.memory import SPILL_POLICIES, to_bytes
 
 logger = logging.getLogger("clamor.kernel.session")
 
@@ -102,6 +103,17 @@ def _choice(*choices: str) -> Callable[[Any], str]:
     return check
 
 
+def _size(value: Any) -> int | str | None:
+    """A memory size (``"4GiB"``, bytes) or none (the default)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in _NONE):
+        return None
+    try:
+        to_bytes(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise ValueError("a size such as 4GiB, or none (a fair share of this host's memory)") from None
+    return value.strip() if isinstance(value, str) else value
+
+
 def _path(value: Any) -> str | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in _NONE):
         return None
@@ -133,6 +145,10 @@ OPTIONS: dict[str, Option] = {
     "host": Option("127.0.0.1", str, "address the scheduler and page server listen on "
                    "(one that remote workers can reach)", True),
     "tls": Option(False, _boolean, "mutual TLS on gRPC and the page protocol (multi-host)", True),
+    "worker_memory": Option(None, _size, "each worker's memory budget, half page cache, half kept "
+                            "partitions (none: a fair share of this host's memory)", True),
+    "spill": Option("peer", _choice(*SPILL_POLICIES), "where partitions beyond a worker's budget "
+                    "go: peer (the one with most free memory, then disk) or disk", True),
 }  # fmt: skip
 
 #: The current settings (read freely; change them with :func:`set_config`).

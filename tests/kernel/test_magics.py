@@ -284,6 +284,13 @@ def test_config(run, shell):
     assert "did you mean 'workers'" in run("%clamor config wokers=2", ok=False)[1]
     assert "expected key=value" in run("%clamor config workers", ok=False)[1]
     assert "applies at the next" in run("%clamor config speculation=true")[1]
+    run("%clamor config worker_memory=2GiB spill=disk")
+    try:
+        assert session.config["worker_memory"] == "2GiB" and session.config["spill"] == "disk"
+    finally:
+        run("%clamor config worker_memory=none spill=peer")
+    assert "a size such as 4GiB" in run("%clamor config worker_memory=lots", ok=False)[1]
+    assert "one of peer, disk" in run("%clamor config spill=tape", ok=False)[1]
 
 
 RESTORE = """
