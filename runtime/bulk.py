@@ -10,8 +10,9 @@ chunking, no copies beyond the kernel's.
 
 Protocol (little-endian; one request at a time per connection):
 
-- the server sends a 32-byte nonce; the client answers
-  ``HMAC-SHA256(token, nonce)``; a wrong answer closes the connection;
+- both sides prove they know the token before any pickle is read: the server sends
+  a 32-byte nonce, the client answers ``HMAC-SHA256(token, nonce)`` and a nonce of its
+  own, which the server answers likewise; a wrong answer closes the connection;
 - request: ``u32`` length, then the pickled partition key (at most 64 KiB);
 - reply: ``u8`` status (0 value, 1 not held here, 2 error), ``u32`` number of
   buffers, ``u64`` pickle length, ``u64`` per buffer length; then the pickle and
@@ -96,9 +97,11 @@ class BulkServer:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 nonce = os.urandom(NONCE)
                 conn.sendall(nonce)
-                if not hmac.compare_digest(bytes(_recv_exact(conn, 32)), _mac(self._token, nonce)):
+                answer = bytes(_recv_exact(conn, 32 + NONCE))
+                if not hmac.compare_digest(answer[:32], _mac(self._token, nonce)):
                     self.refused += 1
                     return
+                conn.sendall(_mac(self._token, answer[32:]))
                 while True:
                     (n,) = _U32.unpack(_recv_exact(conn, _U32.size))
                     if n > MAX_KEY_BYTES:
@@ -165,8 +168,17 @@ class BulkClient:
         host, port = split_address(address)
         sock = socket.create_connection((host, port), timeout=TIMEOUT)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        nonce = bytes(_recv_exact(sock, NONCE))
-        sock.sendall(_mac(self._token, nonce))
+        try:
+            theirs, mine = bytes(_recv_exact(sock, NONCE)), os.urandom(NONCE)
+            sock.sendall(_mac(self._token, theirs) + mine)
+            if not hmac.compare_digest(bytes(_recv_exact(sock, 32)), _mac(self._token, mine)):
+                raise ConnectionError("the server does not know the cluster token")
+        except ConnectionError as exc:
+            sock.close()
+            raise ConnectionError(f"no handshake: {exc} (a different cluster token?)") from None
+        except BaseException:
+            sock.close()
+            raise
         entry = (sock, threading.Lock())
         with self._lock:
             self._conns[address] = entry

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -58,17 +59,42 @@ def test_a_missing_key_or_a_failing_store_is_a_clear_error_and_the_connection_li
 
 def test_a_wrong_token_is_refused_and_others_are_still_served(server):
     s, address = server
-    with pytest.raises(BulkError, match="cannot fetch partition"):
+    with pytest.raises(BulkError, match="cannot fetch partition.*no handshake.*cluster token"):
         BulkClient(b"w" * 32).get(address, ("small",))
     assert s.refused == 1
     assert BulkClient(TOKEN).get(address, ("small",)) == {"a": [1, 2]}
+
+
+def test_a_server_that_cannot_prove_the_token_is_never_sent_a_request():
+    listener = socket.create_server(("127.0.0.1", 0))
+    got: list[bytes] = []
+
+    def impostor() -> None:  # takes any answer, cannot answer the client's nonce
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(b"n" * 32)
+            got.append(conn.recv(64))
+            conn.sendall(b"x" * 32)
+            conn.settimeout(2)
+            try:
+                got.append(conn.recv(100))  # a request would come here
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=impostor)
+    thread.start()
+    with pytest.raises(BulkError, match="does not know the cluster token"):
+        BulkClient(TOKEN).get(f"127.0.0.1:{listener.getsockname()[1]}", ("small",))
+    thread.join()
+    listener.close()
+    assert len(got[0]) == 64 and got[1:] in ([], [b""])  # the answer and a nonce, no request
 
 
 def test_a_corrupt_request_costs_only_its_connection(server):
     s, address = server
     with socket.create_connection(("127.0.0.1", s.port)) as raw:
         raw.recv(32)
-        raw.sendall(b"\xff" * 32)  # a wrong MAC
+        raw.sendall(b"\xff" * 64)  # a wrong MAC (and a nonce)
         assert raw.recv(1) == b""  # hung up
     client = BulkClient(TOKEN)
     sock, _ = client._connection(address)
