@@ -30,7 +30,7 @@ from typing import Any, Self
 import cloudpickle
 import grpc
 from clamor.runtime import checkpoint, lineage, memory, shipping, snapshots
-from clamor.runtime.bulk import BulkClient
+from clamor.runtime.bulk import BulkClient, BulkServer
 from clamor.runtime.cluster_inspection import ClusterInspection
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.dataset import DatasetSources
@@ -142,6 +142,7 @@ def _shutdown(
     executor: Executor,
     throttle: Throttle,
     spill_dir: str,
+    bulk: BulkServer | None,
 ) -> None:
     """Kill the workers still running, stop the scheduler, remove what the workers spilled
     to disk here. Also run at exit / on collection."""
@@ -155,6 +156,8 @@ def _shutdown(
         server.stop(grace=None)
         paging.close()
         shutil.rmtree(spill_dir, ignore_errors=True)
+        if bulk is not None:
+            bulk.close()
 
 
 class Cluster(ClusterInspection, DatasetSources):
@@ -246,6 +249,10 @@ class Cluster(ClusterInspection, DatasetSources):
             bulk=None if tls else BulkClient(self._token.encode()),
         )
         self._pins: collections.Counter[int] = collections.Counter()
+        store = self._executor.driver_store  # not the cluster: its server must not keep it alive
+        self._bulk = None if tls else BulkServer(self._token.encode(), host, store.lookup)
+        if self._bulk is not None:
+            self._executor.driver_bulk_address = format_address(host, self._bulk.port)
 
         self._server, self.address = create_server(
             self._token,
@@ -269,6 +276,7 @@ class Cluster(ClusterInspection, DatasetSources):
             self._executor,
             self._throttle,
             self._spill_dir,
+            self._bulk,
         )
         try:
             self._launcher.start(range(n))

@@ -15,6 +15,7 @@ from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.stage import PartitionKey
 
 if TYPE_CHECKING:
+    from clamor.runtime.bulk import BulkServer
     from clamor.runtime.executor import Executor
     from clamor.runtime.paging_api import DriverPaging
 
@@ -31,6 +32,7 @@ class ClusterInspection:
     _executor: Executor
     _paging: DriverPaging
     _publisher: snapshots.Publisher | None
+    _bulk: BulkServer | None
     page_size: int
     _refresh: Any  # the cluster's: marks workers whose process exited as lost
 
@@ -76,6 +78,7 @@ class ClusterInspection:
         stats["scheduler"] = self._executor.snapshot()
         for key in ("pages_fetched", "faults", *MEMORY_TOTALS):
             stats[key] = sum(w.get(key, 0) for w in workers)
+        stats["driver_partitions_served_bulk"] = self._bulk.served if self._bulk is not None else 0
         stats["workers"] = workers
         return stats
 

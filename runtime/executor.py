@@ -153,6 +153,8 @@ class Executor:
         self._stage_ids = itertools.count(1)
         self._stage_lock = threading.Lock()
         self.driver_store = PartitionStore()
+        #: The driver's own bulk server, serving ``driver_store`` ("": none, e.g. with TLS).
+        self.driver_bulk_address = ""
         #: What the views read: attempts, stages and events (runtime/telemetry.py).
         self.telemetry = Telemetry()
         self._closed = False
@@ -327,6 +329,8 @@ class Executor:
             holder = attempt.locations[key]
             endpoint = self._endpoints.get(holder)
             address, bulk = (endpoint.address, endpoint.bulk_address) if endpoint else ("", "")
+            if holder == DRIVER:
+                bulk = self.driver_bulk_address
             inputs.append(pb.InputLocation(key=encode_key(key), holder=holder, address=address,
                                            bulk_address=bulk))  # fmt: skip
         return pb.Assignment(

@@ -85,6 +85,12 @@ class PartitionStore:
             except KeyError:
                 raise ClamorError(f"partition {key!r} is not held here") from None
 
+    def lookup(self, key: PartitionKey) -> Any:
+        """The value of ``key``; ``KeyError`` if it is not held here (a bulk server's lookup)."""
+        if key not in self:
+            raise KeyError(key)
+        return self.get(key)
+
     def pop(self, key: PartitionKey) -> Any:
         with self._lock:
             self._sizes.pop(key, None)

@@ -25,7 +25,6 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
 
 import grpc
 import psutil
@@ -43,7 +42,6 @@ from clamor.runtime.partitions import PartitionStore, decode_key
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.spill import SpillingStore
-from clamor.runtime.stage import PartitionKey
 from clamor.runtime.transport import connect, create_server, split_address
 from clamor.runtime.worker_executor import WorkerExecutor
 
@@ -74,12 +72,6 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         self.memory_budget = 0
         self.bulk: BulkServer | None = None
         self.shutdown_requested = threading.Event()
-
-    def lookup(self, key: PartitionKey) -> Any:
-        """A partition's value for the bulk server (``KeyError`` if not held here)."""
-        if key not in self.store:
-            raise KeyError(key)
-        return self.store.get(key)
 
     def _ready(self, context) -> WorkerExecutor:
         if self.executor is None:
@@ -136,6 +128,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             **WorkerBudget(self.memory_budget).as_dict(),
         }
         stats.update(self.store.stats())
+        stats.update(executor.inputs_read)
         stats.update(executor.paging.stats())
         return pb.StatsReply(stats=pickle.dumps(stats))
 
@@ -339,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     servicer.store = _spilling_store(worker_id, config, scheduler, servicer)
     servicer.executor = WorkerExecutor(worker_id, paging, scheduler, credentials, servicer.store)
     if not tls:  # partitions to peers over plain TCP (runtime/bulk.py); with TLS, gRPC only
-        servicer.bulk = BulkServer(token.encode(), host, servicer.lookup)
+        servicer.bulk = BulkServer(token.encode(), host, servicer.store.lookup)
         info["bulk_port"] = servicer.bulk.port
     try:
         scheduler.Ready(pb.ReadyRequest(worker_id=worker_id, info=pickle.dumps(info)), timeout=30)

@@ -40,6 +40,8 @@ logger = logging.getLogger("clamor.worker")
 
 #: Results larger than this stay on the worker; the driver fetches them in chunks.
 INLINE_REPLY_BYTES = 1 << 20
+#: The counters of :attr:`WorkerExecutor.inputs_read`.
+INPUT_SOURCES = ("partitions_read_here", "partitions_fetched_from_peers", "partitions_fetched_from_driver")
 #: Programs of this many recent stages are kept.
 PROGRAM_CACHE = 16
 
@@ -84,6 +86,8 @@ class WorkerExecutor:
         self._moved: list[pb.PartitionMove] = []  # spills, sent after the reports of their time
         self._cond = threading.Condition()
         self._peers: dict[str, pb_grpc.WorkerStub] = {}
+        #: Where the inputs of this worker's tasks came from (reported in its stats).
+        self.inputs_read = collections.Counter(dict.fromkeys(INPUT_SOURCES, 0))
         #: Partitions from peers' bulk servers (``None`` with TLS: gRPC streams only).
         self.bulk = None if credentials.tls else BulkClient(credentials.token.encode())
         self._running: int | None = None
@@ -228,7 +232,9 @@ class WorkerExecutor:
 
     def _fetch(self, key: PartitionKey, holder: int, address: str, bulk_address: str) -> Any:
         if holder == self.worker_id or key in self._store:  # e.g. a peer spilled it here
+            self.inputs_read["partitions_read_here"] += 1
             return self._store.get(key)
+        self.inputs_read["partitions_fetched_from_" + ("driver" if holder == DRIVER else "peers")] += 1
         if bulk_address and self.bulk is not None:
             try:
                 return self.bulk.get(bulk_address, key)

@@ -112,3 +112,13 @@ def test_a_shuffle_between_workers_goes_over_the_bulk_channel_unless_the_cluster
         assert sorted(joined.map(lambda kv: kv[0]).collect()) == sorted(i % 7 for i in range(4000))
         served = sum(w["partitions_served_bulk"] for w in cluster.worker_stats())
         assert served == 0 if tls else served > 0  # TLS clusters keep to gRPC (over TLS)
+
+
+def test_workers_fetch_the_drivers_partitions_over_its_bulk_channel():
+    rows = [("row", i, f"{i:0100d}") for i in range(20_000)]  # ~2.4 MB pickled: kept by the driver
+    with clamor.Cluster(workers=2) as cluster:
+        ds = cluster.parallelize(rows, partitions=4)
+        assert ds.map(lambda r: r[1]).sum() == sum(range(20_000))
+        stats = cluster.stats()
+        assert stats["driver_partitions_served_bulk"] == 4
+        assert sum(w["partitions_fetched_from_driver"] for w in stats["workers"]) == 4
