@@ -159,6 +159,7 @@ class SchedulerState:
         ``speculative``: the ids of the running speculative copies (per stage: how many).
         """
         copies = group((self._attempts[a][1].stage, a) for a in self._speculative)
+        in_memory, on_disk = self._partitions.in_memory(), self._partitions.in_memory(disk=True)
         stages = {}
         for st in self._stages.values():
             total, pending, done = len(st.specs), len(st.pending), len(st.results)
@@ -174,6 +175,8 @@ class SchedulerState:
                     "running": len(s.running),
                     "tasks_done": s.tasks_done,
                     "slow": s.slow is not None,
+                    "partition_bytes": in_memory.get(w, 0),
+                    "disk_bytes": on_disk.get(w, 0),
                 }
                 for w, s in sorted(self._workers.items())
             },

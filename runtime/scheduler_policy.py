@@ -300,11 +300,11 @@ class Registry:
                 held[entry[0]] = held.get(entry[0], 0) + entry[1] * weight
         return held
 
-    def in_memory(self) -> dict[int, int]:
-        """Worker -> bytes of the partitions it keeps in memory (not spilled to its disk)."""
+    def in_memory(self, disk: bool = False) -> dict[int, int]:
+        """Worker -> bytes of the partitions it keeps in memory (``disk``: on its disk)."""
         used: dict[int, int] = {}
         for key, (holder, nbytes) in self.entries.items():
-            if holder != DRIVER and key not in self.tiers:
+            if holder != DRIVER and (key in self.tiers) == disk:
                 used[holder] = used.get(holder, 0) + nbytes
         return used
 

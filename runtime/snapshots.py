@@ -82,13 +82,20 @@ PAGE_FIELDS = ("requests", "driver_bytes", "peer_bytes", "holders", "version")
 @dataclasses.dataclass(frozen=True)
 class WorkerSnapshot:
     """A worker as the scheduler sees it: ``running`` attempts queued or running there,
-    ``tasks_done``, ``slow`` (marked a straggler); lost workers have ``alive`` False."""
+    ``tasks_done``, ``slow`` (marked a straggler); lost workers have ``alive`` False.
+    Memory, as the driver knows it: the worker's ``memory_budget``, the bytes of the
+    partitions it keeps in memory and on its disk, and of the arena pages it caches (by
+    the driver's directory)."""
 
     id: int
     alive: bool
     running: int = 0
     tasks_done: int = 0
     slow: bool = False
+    memory_budget: int = 0
+    partition_bytes: int = 0
+    disk_bytes: int = 0
+    cached_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +139,17 @@ def take(cluster: Any, variables: VariableSpans | None = None, seq: int = 0,
     live = sched["workers"]
     events = telemetry.events()
     lost = {e.worker for e in events if e.kind == "worker_lost"} - set(live)
+    cached = _cached_bytes(cluster, pages)
+    budgets = getattr(cluster, "budgets", None)
     workers = [
-        WorkerSnapshot(w, True, s["running"], s["tasks_done"], s["slow"]) for w, s in live.items()
+        WorkerSnapshot(
+            w, True, s["running"], s["tasks_done"], s["slow"],
+            memory_budget=budgets.of(w).total if budgets else 0,
+            partition_bytes=s.get("partition_bytes", 0),
+            disk_bytes=s.get("disk_bytes", 0),
+            cached_bytes=cached.get(w, 0),
+        )
+        for w, s in live.items()
     ] + [WorkerSnapshot(w, False) for w in sorted(lost) if w is not None]
     totals = {k: int(paging.get(k, 0)) for k in _TOTALS}
     totals.update(cluster.counters())
@@ -150,6 +166,14 @@ def take(cluster: Any, variables: VariableSpans | None = None, seq: int = 0,
         history=history,
         lineage=lineage.live_graph(cluster),
     )
+
+
+def _cached_bytes(cluster: Any, pages: PageSnapshot) -> dict[int, int]:
+    """Worker -> bytes of arena pages it caches, by the driver's directory ({} without one)."""
+    cached_bytes = getattr(cluster.paging, "cached_bytes", None)
+    if cached_bytes is None or not len(pages):
+        return {}
+    return cached_bytes(((pages.first_page * pages.page_size, len(pages) * pages.page_size),))
 
 
 def _recoveries() -> list[Event]:

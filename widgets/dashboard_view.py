@@ -32,11 +32,26 @@ def status_line(snapshot: ClusterSnapshot) -> str:
     t = snapshot.totals
     parts.append(f"driver served {format_bytes(t.get('bytes_served_by_driver', 0))}, "
                  f"peers {format_bytes(t.get('bytes_served_by_peers', 0))}")  # fmt: skip
+    if memory := memory_line(snapshot):
+        parts.append(memory)
     counters = [f"{t[k]} {k.removeprefix('tasks_')}" for k in
                 ("tasks_rerun", "tasks_speculated", "tasks_recomputed") if t.get(k)]  # fmt: skip
     if counters:
         parts.append("tasks " + ", ".join(counters))
     return " · ".join(parts)
+
+
+def memory_line(snapshot: ClusterSnapshot) -> str:
+    """The live workers' memory against their budgets (DESIGN 5), ``""`` before anything is
+    cached or kept: cached arena pages, partitions in memory, and those spilled to disk."""
+    live = [w for w in snapshot.workers if w.alive]
+    pages, kept = sum(w.cached_bytes for w in live), sum(w.partition_bytes for w in live)
+    disk, budget = sum(w.disk_bytes for w in live), sum(w.memory_budget for w in live)
+    if not (pages or kept or disk):
+        return ""
+    text = f"memory: pages {format_bytes(pages)}, partitions {format_bytes(kept)}"
+    text += f" of {format_bytes(budget)}" if budget else ""
+    return text + (f", {format_bytes(disk)} spilled to disk" if disk else "")
 
 
 class Dashboard(View):

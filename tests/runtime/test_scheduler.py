@@ -661,8 +661,8 @@ def test_snapshot_counts_stages_workers_and_partitions():
     assert state.snapshot() == {
         "stages": {1: {"total": 10, "pending": 5, "running": 4, "done": 1, "speculative": 0}},
         "workers": {
-            0: {"running": 2, "tasks_done": 1, "slow": False},
-            1: {"running": 2, "tasks_done": 0, "slow": False},
+            0: {"running": 2, "tasks_done": 1, "slow": False, "partition_bytes": 3, "disk_bytes": 0},
+            1: {"running": 2, "tasks_done": 0, "slow": False, "partition_bytes": 0, "disk_bytes": 0},
         },
         "partitions": 2,
         "partition_bytes": 10,
