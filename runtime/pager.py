@@ -204,9 +204,11 @@ class DriverPager:
                 continue
             sets = np.zeros(count, np.uint64)
             n = int(lib.clamor_driver_page_holders(first, count, ffi.from_buffer("uint64_t[]", sets)))
-            bits = np.unpackbits(sets[:n].view(np.uint8).reshape(n, 8), axis=1, bitorder="little")
-            for worker in np.flatnonzero(bits.any(axis=0)):
-                cached[int(worker)] = cached.get(int(worker), 0) + int(bits[:, worker].sum()) * self.page_size
+            sets = sets[:n]
+            present = int(np.bitwise_or.reduce(sets)) if n else 0
+            for worker in (w for w in range(64) if present >> w & 1):  # one pass per holder
+                held = int(np.count_nonzero(sets & np.uint64(1 << worker)))
+                cached[worker] = cached.get(worker, 0) + held * self.page_size
         return cached
 
     def used_pages(self) -> int:

@@ -225,7 +225,7 @@ def _spilling_store(
     worker_id: int, config: dict, scheduler: pb_grpc.SchedulerStub, servicer: WorkerServicer
 ) -> SpillingStore:
     """The partition store within this worker's partition budget (DESIGN 5, R3S)."""
-    budget = int(config.get("memory_budget", 0)) - int(config.get("page_cache_bytes", 0))
+    budget = WorkerBudget(int(config.get("memory_budget", 0))).partitions
 
     def find_peers(nbytes: int) -> list[tuple[int, str]]:
         try:
@@ -236,7 +236,7 @@ def _spilling_store(
         return [(p.worker_id, p.address) for p in reply.peers]
 
     return SpillingStore(
-        worker_id, max(0, budget), config.get("spill", "peer"), config.get("spill_dir", ""),
+        worker_id, budget, config.get("spill", "peer"), config.get("spill_dir", ""),
         find_peers, lambda address: servicer.executor.peer(address),
     )  # fmt: skip
 
