@@ -110,6 +110,7 @@ class SpillingStore(PartitionStore):
         self._recency: OrderedDict[PartitionKey, None] = OrderedDict()  # memory, LRU first
         self._pinned: set[PartitionKey] = set()  # never spilled (e.g. replies in transit)
         self._in_flight: dict[PartitionKey, Any] = {}  # being spilled: still readable
+        self._dropped_in_flight: set[PartitionKey] = set()  # dropped while being spilled
         self._moves: list[pb.PartitionMove] = []
         self._files = itertools.count()
         self.counters = {"spilled_to_peers": 0, "spilled_to_disk": 0, "guests_taken": 0, "guests_refused": 0, "read_from_disk": 0,
@@ -162,6 +163,10 @@ class SpillingStore(PartitionStore):
             finally:
                 with self._lock:
                     self._in_flight.pop(victim, None)
+                    dropped = victim in self._dropped_in_flight
+                    self._dropped_in_flight.discard(victim)
+                if dropped:  # its copy on a peer or on disk is nobody's now
+                    self._discard_copies([victim])
 
     def _spill(self, key: PartitionKey, value: Any, size: int) -> None:
         data = shipping.dumps(value)
@@ -267,12 +272,20 @@ class SpillingStore(PartitionStore):
         self._forget_spilled(keys)
 
     def _forget_spilled(self, keys: list[PartitionKey]) -> None:
-        """Forget these keys' memory bookkeeping and spilled copies (a peer's: dropped there)."""
-        at_peers: dict[str, list[bytes]] = {}
+        """Forget these keys' memory bookkeeping and spilled copies."""
         with self._lock:
             for key in keys:
                 self._recency.pop(key, None)
                 self._pinned.discard(key)
+                if key in self._in_flight:
+                    self._dropped_in_flight.add(key)
+        self._discard_copies(keys)
+
+    def _discard_copies(self, keys: list[PartitionKey]) -> None:
+        """Remove the spilled copies of these keys: their files, or drop them at the peer."""
+        at_peers: dict[str, list[bytes]] = {}
+        with self._lock:
+            for key in keys:
                 spilled = self._spilled.pop(key, None)
                 if spilled is None:
                     continue
