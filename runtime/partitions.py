@@ -64,6 +64,7 @@ class PartitionStore:
     def __init__(self) -> None:
         self._values: dict[PartitionKey, Any] = {}
         self._sizes: dict[PartitionKey, int] = {}
+        self._bytes = 0  # the sum of ``_sizes``
         self._lock = threading.Lock()
 
     def put(self, key: PartitionKey, value: Any, spillable: bool = True) -> int:
@@ -74,6 +75,7 @@ class PartitionStore:
         value = detach(value)
         size = approx_nbytes(value)
         with self._lock:
+            self._bytes += size - self._sizes.get(key, 0)
             self._values[key] = value
             self._sizes[key] = size
         return size
@@ -93,14 +95,18 @@ class PartitionStore:
 
     def pop(self, key: PartitionKey) -> Any:
         with self._lock:
-            self._sizes.pop(key, None)
-            return self._values.pop(key, None)
+            return self._take(key)[0]
 
     def drop(self, keys: Iterable[PartitionKey]) -> None:
         with self._lock:
             for key in keys:
-                self._values.pop(key, None)
-                self._sizes.pop(key, None)
+                self._take(key)
+
+    def _take(self, key: PartitionKey) -> tuple[Any, int]:
+        """Remove ``key`` from memory: its value and size (``None, 0`` if absent). Lock held."""
+        size = self._sizes.pop(key, 0)
+        self._bytes -= size
+        return self._values.pop(key, None), size
 
     def __contains__(self, key: PartitionKey) -> bool:
         with self._lock:
@@ -110,14 +116,10 @@ class PartitionStore:
         with self._lock:
             return len(self._values)
 
-    def nbytes(self) -> int:
-        with self._lock:
-            return sum(self._sizes.values())
-
     def stats(self) -> dict[str, Any]:
         """How many partitions are kept here and their bytes."""
         with self._lock:
-            return {"partitions_in_memory": len(self._values), "partition_bytes": sum(self._sizes.values())}
+            return {"partitions_in_memory": len(self._values), "partition_bytes": self._bytes}
 
     def drain_moves(self) -> list[pb.PartitionMove]:
         """Partitions moved out since the last call: none here (no budget)."""

@@ -39,9 +39,7 @@ from clamor.runtime import shipping
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.partitions import (
     PartitionStore,
-    approx_nbytes,
     chunk,
-    detach,
     encode_key,
     join_chunks,
 )
@@ -113,19 +111,16 @@ class SpillingStore(PartitionStore):
         self._dropped_in_flight: set[PartitionKey] = set()  # dropped while being spilled
         self._moves: list[pb.PartitionMove] = []
         self._files = itertools.count()
-        self.counters = {"spilled_to_peers": 0, "spilled_to_disk": 0, "guests_taken": 0, "guests_refused": 0, "read_from_disk": 0,
-                         "read_from_peers": 0}  # fmt: skip
+        self.counters = dict.fromkeys(("spilled_to_peers", "spilled_to_disk", "guests_taken", "guests_refused",
+                                       "read_from_disk", "read_from_peers"), 0)  # fmt: skip
 
     # --- keeping ---
 
     def put(self, key: PartitionKey, value: Any, spillable: bool = True) -> int:
         """Keep ``value``; then spill the least recently used partitions beyond the budget."""
-        value = detach(value)
-        size = approx_nbytes(value)
         self._forget_spilled([key])
+        size = super().put(key, value)
         with self._lock:
-            self._values[key] = value
-            self._sizes[key] = size
             self._recency[key] = None
             self._recency.move_to_end(key)
             if not spillable:
@@ -137,7 +132,7 @@ class SpillingStore(PartitionStore):
     def accept(self, key: PartitionKey, data: bytes, nbytes: int) -> bool:
         """A peer's spilled partition: keep it if it fits the budget now (``False`` if not)."""
         with self._lock:
-            fits = not self.budget or sum(self._sizes.values()) + nbytes <= self.budget
+            fits = not self.budget or self._bytes + nbytes <= self.budget
         if not fits:
             self.counters["guests_refused"] += 1
             return False
@@ -151,11 +146,10 @@ class SpillingStore(PartitionStore):
             return
         while True:
             with self._lock:
-                used = sum(self._sizes.values())
                 victim = next((k for k in self._recency if k not in self._pinned), None)
-                if used <= self.budget or victim is None:
+                if self._bytes <= self.budget or victim is None:
                     return
-                value, size = self._values.pop(victim), self._sizes.pop(victim)
+                value, size = self._take(victim)
                 del self._recency[victim]
                 self._in_flight[victim] = value
             try:
@@ -317,7 +311,7 @@ class SpillingStore(PartitionStore):
             stats = {
                 "partition_budget": self.budget,
                 "partitions_in_memory": len(self._values),
-                "partition_bytes": sum(self._sizes.values()),
+                "partition_bytes": self._bytes,
                 "partitions_on_disk": len(on_disk),
                 "partition_disk_bytes": sum(s.nbytes for s in on_disk),
                 "partitions_moved_to_peers": len(at_peers),
