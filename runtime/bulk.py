@@ -32,12 +32,14 @@ import pickle
 import socket
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import grpc
 from clamor.runtime import shipping
 from clamor.runtime.errors import ClamorError
-from clamor.runtime.partitions import decode_key, encode_key
+from clamor.runtime.partitions import decode_key, encode_key, join_chunks
+from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.stage import PartitionKey
 from clamor.runtime.transport import split_address
 
@@ -130,6 +132,29 @@ def _send(conn: socket.socket, status: int, data: bytes, buffers: list[memoryvie
     conn.sendall(_HEADER.pack(status, len(buffers), len(data)) + sizes + data)
     for b in buffers:
         conn.sendall(b)
+
+
+def fetch_partition(
+    bulk: BulkClient | None,
+    address: str,
+    key: PartitionKey,
+    stream: Callable[[], Iterable[pb.Chunk]],
+    where: str,
+) -> Any:
+    """Partition ``key``: from the bulk server at ``address``, else (no bulk channel, or it
+    failed, e.g. a stale location) from the gRPC chunk ``stream()`` of ``where`` (which
+    says what went wrong, as a ``ClamorError``)."""
+    if address and bulk is not None:
+        try:
+            return bulk.get(address, key)
+        except BulkError as exc:
+            logger.info("%s; trying gRPC", exc)
+    try:
+        return join_chunks(stream())
+    except grpc.RpcError as exc:
+        raise ClamorError(
+            f"cannot fetch partition {key!r} from {where}: {exc.code().name}: {exc.details()}"
+        ) from None
 
 
 class BulkClient:

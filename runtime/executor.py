@@ -27,14 +27,13 @@ from typing import Any, TypeVar
 
 import grpc
 from clamor.runtime import accumulators, shipping
-from clamor.runtime.bulk import BulkClient, BulkError
+from clamor.runtime.bulk import BulkClient, fetch_partition
 from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
 from clamor.runtime.paging_api import DriverPaging
 from clamor.runtime.partitions import (
     PartitionStore,
     decode_key,
     encode_key,
-    join_chunks,
 )
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
@@ -504,19 +503,9 @@ class Executor:
         if holder == DRIVER:
             return self.driver_store.get(key)
         endpoint = self._endpoints[holder]
-        if endpoint.bulk_address and self._bulk is not None:
-            try:
-                return self._bulk.get(endpoint.bulk_address, key)
-            except BulkError as exc:
-                logger.info("%s; trying GetPartition", exc)
-        try:
-            stream = endpoint.stub.GetPartition(pb.PartitionRequest(key=encode_key(key)), timeout=600)
-            return join_chunks(stream)
-        except grpc.RpcError as exc:
-            raise ClamorError(
-                f"cannot fetch partition {key!r} from worker {holder}: "
-                f"{exc.code().name}: {exc.details()}"
-            ) from None
+        request = pb.PartitionRequest(key=encode_key(key))
+        stream = lambda: endpoint.stub.GetPartition(request, timeout=600)
+        return fetch_partition(self._bulk, endpoint.bulk_address, key, stream, f"worker {holder}")
 
     def driver_chunks(self, key: PartitionKey) -> Iterator[pb.Chunk]:
         """The Scheduler's ``FetchPartition``: a driver-held partition as chunks."""

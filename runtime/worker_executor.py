@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 from clamor.runtime import shipping
-from clamor.runtime.bulk import BulkClient, BulkError
+from clamor.runtime.bulk import BulkClient, fetch_partition
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.paging_api import WorkerPaging
@@ -29,7 +29,6 @@ from clamor.runtime.partitions import (
     PartitionStore,
     decode_key,
     encode_key,
-    join_chunks,
 )
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
@@ -235,21 +234,14 @@ class WorkerExecutor:
             self.inputs_read["partitions_read_here"] += 1
             return self._store.get(key)
         self.inputs_read["partitions_fetched_from_" + ("driver" if holder == DRIVER else "peers")] += 1
-        if bulk_address and self.bulk is not None:
-            try:
-                return self.bulk.get(bulk_address, key)
-            except BulkError as exc:  # e.g. a stale location: GetPartition says what it is
-                logger.info("%s; trying GetPartition", exc)
         request = pb.PartitionRequest(key=encode_key(key))
-        try:
-            if holder == DRIVER:
-                return join_chunks(self._scheduler.FetchPartition(request, timeout=600))
-            return join_chunks(self.peer(address).GetPartition(request, timeout=600))
-        except grpc.RpcError as exc:
-            where = "the driver" if holder == DRIVER else f"worker {holder} at {address}"
-            raise ClamorError(
-                f"cannot fetch partition {key!r} from {where}: {exc.code().name}: {exc.details()}"
-            ) from None
+        if holder == DRIVER:
+            where = "the driver"
+            stream = lambda: self._scheduler.FetchPartition(request, timeout=600)
+        else:
+            where = f"worker {holder} at {address}"
+            stream = lambda: self.peer(address).GetPartition(request, timeout=600)
+        return fetch_partition(self.bulk, bulk_address, key, stream, where)
 
     def peer(self, address: str) -> pb_grpc.WorkerStub:
         """A Worker stub for the peer at ``address`` (one channel per peer, kept)."""
