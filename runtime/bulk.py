@@ -46,6 +46,7 @@ from clamor.runtime.transport import split_address
 logger = logging.getLogger("clamor.bulk")
 
 NONCE = 32
+MAC = hashlib.sha256().digest_size
 MAX_KEY_BYTES = 64 << 10
 MAX_BUFFERS = 4096
 OK, NOT_HELD, ERROR = 0, 1, 2
@@ -99,11 +100,11 @@ class BulkServer:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 nonce = os.urandom(NONCE)
                 conn.sendall(nonce)
-                answer = bytes(_recv_exact(conn, 32 + NONCE))
-                if not hmac.compare_digest(answer[:32], _mac(self._token, nonce)):
+                answer = bytes(_recv_exact(conn, MAC + NONCE))
+                if not hmac.compare_digest(answer[:MAC], _mac(self._token, nonce)):
                     self.refused += 1
                     return
-                conn.sendall(_mac(self._token, answer[32:]))
+                conn.sendall(_mac(self._token, answer[MAC:]))
                 while True:
                     (n,) = _U32.unpack(_recv_exact(conn, _U32.size))
                     if n > MAX_KEY_BYTES:
@@ -196,7 +197,7 @@ class BulkClient:
         try:
             theirs, mine = bytes(_recv_exact(sock, NONCE)), os.urandom(NONCE)
             sock.sendall(_mac(self._token, theirs) + mine)
-            if not hmac.compare_digest(bytes(_recv_exact(sock, 32)), _mac(self._token, mine)):
+            if not hmac.compare_digest(bytes(_recv_exact(sock, MAC)), _mac(self._token, mine)):
                 raise ConnectionError("the server does not know the cluster token")
         except ConnectionError as exc:
             sock.close()

@@ -159,7 +159,7 @@ class SchedulerState:
         ``speculative``: the ids of the running speculative copies (per stage: how many).
         """
         copies = group((self._attempts[a][1].stage, a) for a in self._speculative)
-        in_memory, on_disk = self._partitions.in_memory(), self._partitions.in_memory(disk=True)
+        in_memory, on_disk = self._partitions.bytes_by_holder(), self._partitions.bytes_by_holder("disk")
         stages = {}
         for st in self._stages.values():
             total, pending, done = len(st.specs), len(st.pending), len(st.results)
@@ -349,7 +349,7 @@ class SchedulerState:
 
     def memory_held(self) -> dict[int, int]:
         """Live worker -> bytes of the partitions it keeps in memory, as far as reported."""
-        used = self._partitions.in_memory()
+        used = self._partitions.bytes_by_holder()
         return {w: used.get(w, 0) for w in self._workers}
 
     def placement(self) -> dict[PartitionKey, tuple[int, str, int]]:

@@ -300,11 +300,11 @@ class Registry:
                 held[entry[0]] = held.get(entry[0], 0) + entry[1] * weight
         return held
 
-    def in_memory(self, disk: bool = False) -> dict[int, int]:
-        """Worker -> bytes of the partitions it keeps in memory (``disk``: on its disk)."""
+    def bytes_by_holder(self, tier: str = "memory") -> dict[int, int]:
+        """Worker -> bytes of the partitions it keeps in ``tier`` (``"memory"`` or ``"disk"``)."""
         used: dict[int, int] = {}
         for key, (holder, nbytes) in self.entries.items():
-            if holder != DRIVER and (key in self.tiers) == disk:
+            if holder != DRIVER and self.tiers.get(key, "memory") == tier:
                 used[holder] = used.get(holder, 0) + nbytes
         return used
 
