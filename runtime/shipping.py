@@ -7,11 +7,18 @@ over its own arena mapping, whose pages fault in on first touch. Objects that
 hold such arrays (sklearn trees, dicts, user classes) therefore ship as a few
 bytes plus references. Arrays smaller than a page travel by value: sending
 them is cheaper than a page fault.
+
+Code objects travel with ``marshal`` rather than cloudpickle's reducer: since
+cloudpickle 3.1.3 that reducer renames every file ``<dynamic-code>`` (for
+deterministic pickles), and a worker's traceback then no longer names the cell
+(``<clamor-cell-N>``) or notebook input its lines come from. Driver and workers
+run the same Python (cloudpickle's bytecode needs it too), so marshal is safe.
 """
 
 from __future__ import annotations
 
 import io
+import marshal
 import pickle
 import types
 from collections.abc import Callable, Sequence
@@ -72,6 +79,8 @@ class _Pickler(cloudpickle.Pickler):
             and obj.nbytes >= (self.min_ref_bytes or arena.page_size())
         ):
             return _rebuild, tuple(arena_ref(obj))
+        if type(obj) is types.CodeType:
+            return marshal.loads, (marshal.dumps(obj),)  # keeps co_filename (module docstring)
         return super().reducer_override(obj)
 
 

@@ -224,15 +224,45 @@ def test_unpicklable_closure_names_the_variable(run, shell, cluster):
     assert tasks_run(cluster) == before
 
 
-def test_worker_exception_points_at_the_cell_line(run):
-    body = "c = a + b\nif c > 20:\n    raise ValueError(f'too big: {c}')\nc"
-    out = run(f"%%clamor reduce pts\n{body}", ok=False)[1]
-    assert "on a worker" in out
+def _short_error_at_line_4(out: str) -> None:
+    """The user sees the cell's frame, line 4 with its source, and the exception; no runtime frame."""
+    assert "Traceback of the cell, on a worker" in out, out
     assert re.search(r'File "<clamor-cell-\d+>", line 4, in <clamor reduce>', out), out
     assert "raise ValueError(f'too big: {c}')" in out and "ValueError: too big:" in out
     assert "runtime/" not in out and len(out.strip().splitlines()) <= 6
+
+
+def test_worker_exception_in_a_partial_points_at_the_cell_line(run):
+    # one partition: the body fails inside the partial, in the stage's only task
+    body = "c = a + b\nif c > 20:\n    raise ValueError(f'too big: {c}')\nc"
+    out = run(f"%%clamor reduce pts --partitions 1\n{body}", ok=False)[1]
+    _short_error_at_line_4(out)
+    assert "too big: 21" in out  # 0 + 1 + ... + 6
     full = run("%clamor traceback")[1]
-    assert "runtime/" in full and "line 4" in full
+    assert "runtime/" in full and "line 4" in full and "partial" in full
+
+
+def test_worker_exception_in_the_combine_points_at_the_cell_line(run, shell):
+    # four partitions of [5, 5]: every partial is 10, so only combining two partials fails
+    shell.push({"fives": [5] * 8})
+    body = "c = a + b\nif c > 10:\n    raise ValueError(f'too big: {c}')\nc"
+    out = run(f"%%clamor reduce fives --partitions 4\n{body}", ok=False)[1]
+    _short_error_at_line_4(out)
+    assert "too big: 20" in out
+    full = run("%clamor traceback")[1]
+    assert "combine" in full and "line 4" in full
+
+
+def test_a_cell_raising_in_the_driver_points_at_the_cell_line():
+    """Cell code run in this process (not a stage's task) is shortened the same way."""
+    body = "c = a + b\nif c > 20:\n    raise ValueError(f'too big: {c}')\nc"
+    cell = cells.compile_cell(body, ("a", "b"), {}, kind="reduce", header="%%clamor reduce pts")
+    with pytest.raises(ValueError) as info:
+        cell.fn(20, 6)
+    text = errors.short_lines(info.value)[0]
+    assert text.startswith("Traceback of the cell, in the driver"), text
+    assert re.search(r'File "<clamor-cell-\d+>", line 4, in <clamor reduce>', text), text
+    assert "raise ValueError(f'too big: {c}')" in text and text.endswith("ValueError: too big: 26")
 
 
 def test_interrupt_keeps_the_cluster_usable(run, shell):

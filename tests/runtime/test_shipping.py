@@ -30,6 +30,18 @@ def test_negative_strides_and_2d_views_round_trip():
         assert np.array_equal(shipping.loads(shipping.dumps(view)), view)
 
 
+def test_functions_by_value_keep_the_file_their_code_came_from():
+    """Tracebacks on workers name the cell or notebook input (cloudpickle alone says
+    ``<dynamic-code>`` since 3.1.3)."""
+    scope: dict = {}
+    exec(compile("def f(x):\n    return 1 / x\n", "<ipython-input-7>", "exec"), scope)
+    back = shipping.loads(shipping.dumps(scope["f"]))
+    assert back.__code__.co_filename == "<ipython-input-7>" and back(4) == 0.25
+    with pytest.raises(ZeroDivisionError) as info:
+        back(0)
+    assert info.traceback[-1].frame.code.raw.co_filename == "<ipython-input-7>"
+
+
 def test_small_heap_and_object_arrays_travel_by_value():
     small = clamor.array(PAGE // 16, np.float64)  # half a page: cheaper by value
     heap = np.ones(1 << 18)
