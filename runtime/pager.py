@@ -108,6 +108,7 @@ class DriverPager:
             raise PagingError(f"cannot start the driver pager: {ffi.string(err).decode()}")
         self.port = int(port)
         self._closed = False
+        self._final_stats: dict | None = None
 
     # -- DriverPaging -----------------------------------------------------
     def worker_config(self, worker_id: int, host: str) -> dict:
@@ -134,6 +135,7 @@ class DriverPager:
             raise PagingError(f"worker {worker_id}: bad page server address {info['host']}:{info['page_port']}")
 
     def begin_stage(self) -> tuple[int, list[int]]:
+        self._check_open()
         epoch = int(lib.clamor_driver_begin_stage())
         n = int(lib.clamor_driver_invalidated(ffi.NULL, 0))
         buf = ffi.new("uint64_t[]", max(n, 1))
@@ -154,6 +156,9 @@ class DriverPager:
         return int(lib.clamor_driver_trim_log(max(0, min(int(floor), 2**32 - 1))))
 
     def stats(self) -> dict:
+        """The counters; after :meth:`close`, their last values."""
+        if self._final_stats is not None:
+            return self._final_stats
         out = ffi.new("clamor_driver_stats *")
         lib.clamor_driver_get_stats(out)
         raw = _struct_dict(out[0], "clamor_driver_stats")
@@ -169,9 +174,17 @@ class DriverPager:
         }
 
     def close(self) -> None:
+        """Stop the page server and free the tables. The native side waits for calls in
+        flight on other threads; calls after this find no pages (``page_stats`` and
+        ``cached_bytes`` empty, ``stats`` the last values, the rest ``PagingError``)."""
         if not self._closed:
             self._closed = True
+            self._final_stats = self.stats()
             lib.clamor_driver_stop()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PagingError("the driver pager is closed (its cluster was closed)")
 
     # -- inspection -------------------------------------------------------
     def page_stats(self, first: int = 0, count: int | None = None) -> dict[str, np.ndarray]:
@@ -217,6 +230,7 @@ class DriverPager:
 
     def read_version(self, page: int, epoch: int) -> bytes:
         """The bytes of `page` as a task of stage `epoch` reads them (from the version log if needed)."""
+        self._check_open()
         out = ffi.new("uint8_t[]", self.page_size)
         rc = lib.clamor_driver_read_version(page, epoch, out)
         if rc < 0:

@@ -71,6 +71,17 @@ static struct {
 
 #define ADD(field, n) __atomic_fetch_add(&D.st.field, (n), __ATOMIC_RELAXED)
 
+/* The close order of the Python-facing API: every clamor_driver_* call below holds
+ * `api` for reading while it touches D; start and stop hold it for writing. A call
+ * racing a stop therefore sees either the running tables or D.running == 0 (and
+ * answers "not running"), never freed memory. Outside D, so free_tables' memset
+ * leaves it alone. The page server's and the write handler's threads take no part:
+ * stop ends them before it frees anything. */
+static pthread_rwlock_t api = PTHREAD_RWLOCK_INITIALIZER;
+#define API_READ() pthread_rwlock_rdlock(&api)
+#define API_WRITE() pthread_rwlock_wrlock(&api)
+#define API_DONE() pthread_rwlock_unlock(&api)
+
 static uint64_t rnd(void) {
     static __thread uint64_t s;
     if (!s && getrandom(&s, sizeof s, 0) != sizeof s) s = (uint64_t)(uintptr_t)&s;
@@ -138,8 +149,7 @@ static void *wp_main(void *arg) {
     return NULL;
 }
 
-uint32_t clamor_driver_begin_stage(void) {
-    if (!D.running) return 0;
+static uint32_t begin_stage(void) {
     pthread_mutex_lock(&D.stage);
     clamor_arena_stats as;
     clamor_arena_get_stats(&as);
@@ -180,10 +190,20 @@ uint32_t clamor_driver_begin_stage(void) {
     return E;
 }
 
+uint32_t clamor_driver_begin_stage(void) {
+    API_READ();
+    uint32_t E = D.running ? begin_stage() : 0;
+    API_DONE();
+    return E;
+}
+
 uint64_t clamor_driver_invalidated(uint64_t *out, uint64_t cap) {
+    API_READ();
     uint64_t n = D.ninval < cap ? D.ninval : cap;
     if (out && n) memcpy(out, D.inval, n * sizeof *out);
-    return D.ninval;
+    n = D.ninval;
+    API_DONE();
+    return n;
 }
 
 void clamor_driver_end_stage(void) { D.st.stage_running = 0; }
@@ -192,8 +212,7 @@ void clamor_driver_end_stage(void) { D.st.stage_running = 0; }
  * first: a dirty page's head (its sealed current version) is kept; then every
  * entry newer than floor, and the first one at or below it (what epoch `floor`
  * itself reads). Requests for epochs below the floor get NO_VERSION from now on. */
-uint64_t clamor_driver_trim_log(uint32_t floor) {
-    if (!D.running) return 0;
+static uint64_t trim_log(uint32_t floor) {
     uint32_t old = atomic_load(&D.floor);
     while (floor > old && !atomic_compare_exchange_weak(&D.floor, &old, floor)) {
     }
@@ -220,6 +239,13 @@ uint64_t clamor_driver_trim_log(uint32_t floor) {
     __atomic_fetch_sub(&D.st.version_log_bytes, freed * D.ps, __ATOMIC_RELAXED);
     __atomic_fetch_sub(&D.st.version_log_entries, freed, __ATOMIC_RELAXED);
     return freed * D.ps;
+}
+
+uint64_t clamor_driver_trim_log(uint32_t floor) {
+    API_READ();
+    uint64_t freed = D.running ? trim_log(floor) : 0;
+    API_DONE();
+    return freed;
 }
 
 /* --------------------------------------------------------- page server -- */
@@ -349,9 +375,8 @@ static void free_tables(void) {
     D.uffd = D.stop_efd = D.state_fd = -1;
 }
 
-int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_len,
-                        const char *bind_host, int port, int replication, const clamor_tls_pem *tls,
-                        char *err, size_t errlen) {
+static int start(uint64_t page_size, const uint8_t *token, size_t token_len, const char *bind_host,
+                 int port, int replication, const clamor_tls_pem *tls, char *err, size_t errlen) {
     if (D.running) return CL_ERR("the driver pager is already running");
     if (!clamor_arena_exists()) return CL_ERR("the arena does not exist yet");
     if (!cl_is_pow2(page_size) || page_size < 4096 || page_size > (8u << 20))
@@ -421,48 +446,84 @@ int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_l
     return cl_server_port(D.server);
 }
 
-int clamor_driver_port(void) { return D.running ? cl_server_port(D.server) : -1; }
-int clamor_driver_state_fd(void) { return D.running ? D.state_fd : -1; }
+int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_len,
+                        const char *bind_host, int port, int replication, const clamor_tls_pem *tls,
+                        char *err, size_t errlen) {
+    API_WRITE();
+    int rc = start(page_size, token, token_len, bind_host, port, replication, tls, err, errlen);
+    API_DONE();
+    return rc;
+}
 
+int clamor_driver_port(void) {
+    API_READ();
+    int port = D.running ? cl_server_port(D.server) : -1;
+    API_DONE();
+    return port;
+}
+
+int clamor_driver_state_fd(void) {
+    API_READ();
+    int fd = D.running ? D.state_fd : -1;
+    API_DONE();
+    return fd;
+}
+
+/* Ends the page server and the write handler, then frees the tables once no API
+ * call is inside them; calls after this answer "not running". Idempotent. */
 void clamor_driver_stop(void) {
-    if (!D.running) return;
-    cl_server_stop(D.server);
-    uint64_t one = 1;
-    if (write(D.stop_efd, &one, sizeof one) < 0) {}
-    pthread_join(D.wp_thread, NULL);
-    free_tables();
+    API_WRITE();
+    if (D.running) {
+        D.running = 0;
+        cl_server_stop(D.server);
+        uint64_t one = 1;
+        if (write(D.stop_efd, &one, sizeof one) < 0) {}
+        pthread_join(D.wp_thread, NULL);
+        free_tables();
+    }
+    API_DONE();
 }
 
 int clamor_driver_set_peer(int id, const char *host, int port) {
     if (id < 0 || id >= CL_MAX_WORKERS) return -1;
     uint32_t ip;
     if (cl_resolve(host, &ip)) return -1;
-    D.peers[id] = (peer){ip, (uint32_t)port, 1};
-    return 0;
+    API_READ();
+    int rc = D.running ? (D.peers[id] = (peer){ip, (uint32_t)port, 1}, 0) : -1;
+    API_DONE();
+    return rc;
 }
 
 void clamor_driver_drop_worker(int id) {
-    if (!D.running || id < 0 || id >= CL_MAX_WORKERS) return;
-    D.peers[id].present = 0;
-    uint64_t bit = 1ull << id;
-    for (uint64_t p = 0; p < D.npages; p++)
-        if (D.holders[p] & bit) {
-            pthread_mutex_t *m = cl_stripe(&D.stripes, p);
-            pthread_mutex_lock(m);
-            D.holders[p] &= ~bit;
-            pthread_mutex_unlock(m);
-        }
+    if (id < 0 || id >= CL_MAX_WORKERS) return;
+    API_READ();
+    if (D.running) {
+        D.peers[id].present = 0;
+        uint64_t bit = 1ull << id;
+        for (uint64_t p = 0; p < D.npages; p++)
+            if (D.holders[p] & bit) {
+                pthread_mutex_t *m = cl_stripe(&D.stripes, p);
+                pthread_mutex_lock(m);
+                D.holders[p] &= ~bit;
+                pthread_mutex_unlock(m);
+            }
+    }
+    API_DONE();
 }
 
+/* The counters; after a stop, the last values (stop keeps nothing: zeros). */
 void clamor_driver_get_stats(clamor_driver_stats *out) {
+    API_READ();
     *out = D.st;
     out->epoch = atomic_load(&D.epoch);
+    API_DONE();
 }
 
 uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests, uint64_t *driver_bytes,
                                   uint64_t *peer_bytes, uint32_t *holders, uint32_t *version) {
-    if (!D.running || first >= D.npages) return 0;
-    if (n > D.npages - first) n = D.npages - first;
+    API_READ();
+    if (!D.running || first >= D.npages) n = 0;
+    else if (n > D.npages - first) n = D.npages - first;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t p = first + i;
         requests[i] = D.requests[p];
@@ -471,17 +532,20 @@ uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests
         holders[i] = (uint32_t)__builtin_popcountll(D.holders[p]);
         version[i] = D.version[p];
     }
+    API_DONE();
     return n;
 }
 
 uint64_t clamor_driver_page_holders(uint64_t first, uint64_t n, uint64_t *sets) {
-    if (!D.running || first >= D.npages) return 0;
-    if (n > D.npages - first) n = D.npages - first;
+    API_READ();
+    if (!D.running || first >= D.npages) n = 0;
+    else if (n > D.npages - first) n = D.npages - first;
     for (uint64_t i = 0; i < n; i++) sets[i] = __atomic_load_n(&D.holders[first + i], __ATOMIC_RELAXED);
+    API_DONE();
     return n;
 }
 
-int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out) {
+static int read_version(uint64_t page, uint32_t epoch, uint8_t *out) {
     if (!D.running || page >= D.npages) return -CL_ERR_PAGE_RANGE;
     if (epoch == 0 || epoch > atomic_load(&D.epoch) || epoch < atomic_load(&D.floor))
         return -CL_ERR_NO_VERSION;
@@ -491,4 +555,11 @@ int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out) {
     resolve(page, epoch, out, &a);
     pthread_mutex_unlock(m);
     return (int)a.version;
+}
+
+int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out) {
+    API_READ();
+    int rc = read_version(page, epoch, out);
+    API_DONE();
+    return rc;
 }
