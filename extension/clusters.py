@@ -49,6 +49,7 @@ class ClusterSource:
         self._inflight: dict[tuple[str, str, float], asyncio.Future] = {}
         self._clients: dict[tuple[str, float], observer.ObserverClient] = {}  # (kernel id, created)
         self._clients_lock = threading.Lock()
+        self._closed = False
 
     @property
     def pool(self) -> ThreadPoolExecutor:
@@ -108,6 +109,8 @@ class ClusterSource:
         clusters are closed."""
         key = (entry.kernel_id, entry.created)
         with self._clients_lock:
+            if self._closed:
+                raise ClusterUnavailable("the server extension is shutting down")
             client = self._clients.get(key)
             if client is None:
                 for old in [k for k in self._clients if k[0] == entry.kernel_id]:
@@ -144,8 +147,11 @@ class ClusterSource:
                     del self._cache[key]
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Close the channels (a query in flight ends with ``ClusterUnavailable``), then
+        wait for the pool's threads; a query after this opens no new channel."""
         with self._clients_lock:
-            for client in self._clients.values():
-                client.close()
-            self._clients.clear()
+            self._closed = True
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+        self._pool.shutdown(wait=True, cancel_futures=True)

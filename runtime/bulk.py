@@ -24,6 +24,7 @@ authenticated by the token like the page protocol.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -83,35 +84,52 @@ class BulkServer:
         self._sock = socket.create_server((host, 0))
         self.port = self._sock.getsockname()[1]
         self.served = self.refused = 0
-        threading.Thread(target=self._accept, name="clamor-bulk", daemon=True).start()
+        self._conns: dict[socket.socket, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._acceptor = threading.Thread(target=self._accept, name="clamor-bulk", daemon=True)
+        self._acceptor.start()
 
     def _accept(self) -> None:
         while True:
             try:
                 conn, _ = self._sock.accept()
             except OSError:
-                return  # closed
-            threading.Thread(target=self._serve, args=(conn,), name="clamor-bulk-conn", daemon=True).start()
+                return  # shut down by close()
+            thread = threading.Thread(target=self._serve, args=(conn,), name="clamor-bulk-conn", daemon=True)
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._conns[conn] = thread
+            thread.start()
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.settimeout(TIMEOUT)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                nonce = os.urandom(NONCE)
-                conn.sendall(nonce)
-                answer = bytes(_recv_exact(conn, MAC + NONCE))
-                if not hmac.compare_digest(answer[:MAC], _mac(self._token, nonce)):
-                    self.refused += 1
-                    return
-                conn.sendall(_mac(self._token, answer[MAC:]))
-                while True:
-                    (n,) = _U32.unpack(_recv_exact(conn, _U32.size))
-                    if n > MAX_KEY_BYTES:
-                        return  # not our protocol: hang up
-                    self._answer(conn, bytes(_recv_exact(conn, n)))
-            except (ConnectionError, OSError, struct.error):
+        try:
+            self._converse(conn)
+        finally:
+            with self._lock:
+                self._conns.pop(conn, None)
+            conn.close()
+
+    def _converse(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(TIMEOUT)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            nonce = os.urandom(NONCE)
+            conn.sendall(nonce)
+            answer = bytes(_recv_exact(conn, MAC + NONCE))
+            if not hmac.compare_digest(answer[:MAC], _mac(self._token, nonce)):
+                self.refused += 1
                 return
+            conn.sendall(_mac(self._token, answer[MAC:]))
+            while True:
+                (n,) = _U32.unpack(_recv_exact(conn, _U32.size))
+                if n > MAX_KEY_BYTES:
+                    return  # not our protocol: hang up
+                self._answer(conn, bytes(_recv_exact(conn, n)))
+        except (ConnectionError, OSError, struct.error):
+            return
 
     def _answer(self, conn: socket.socket, raw_key: bytes) -> None:
         try:
@@ -124,7 +142,23 @@ class BulkServer:
         _send(conn, OK, data, [b.raw() for b in buffers])
         self.served += 1
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop accepting, end every connection and join the server's threads. Idempotent.
+
+        ``shutdown`` wakes the threads blocked in ``accept``/``recv`` (a bare ``close``
+        of the fd would leave them blocked for ever on Linux)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            conns = dict(self._conns)
+        for sock in (self._sock, *conns):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._acceptor.join(timeout)
+        for thread in conns.values():
+            if thread is not threading.current_thread():
+                thread.join(timeout)
         self._sock.close()
 
 

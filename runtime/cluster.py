@@ -49,6 +49,7 @@ from clamor.runtime.stage import PartitionKey, StageSpec, TaskContext, TaskSpec
 from clamor.runtime.throttle import Throttle
 from clamor.runtime.transport import (
     PROTOCOL_VERSION,
+    Server,
     connect,
     create_server,
     format_address,
@@ -135,7 +136,7 @@ class _SchedulerServicer(pb_grpc.SchedulerServicer):
 
 
 def _shutdown(
-    server: grpc.Server,
+    server: Server,
     launcher: Launcher,
     channels: list,
     paging: DriverPaging,
@@ -144,8 +145,10 @@ def _shutdown(
     spill_dir: str,
     bulk: BulkServer | None,
 ) -> None:
-    """Kill the workers still running, stop the scheduler, remove what the workers spilled
-    to disk here. Also run at exit / on collection."""
+    """Kill the workers still running, then end what the cluster started, readers of the
+    pager's tables before the pager: the executor's threads (woken by closing the
+    workers' channels), the scheduler's gRPC handlers, the bulk server, then the pager.
+    Remove what the workers spilled to disk here. Also run at exit / on collection."""
     try:
         throttle.close()
         executor.close()
@@ -153,11 +156,12 @@ def _shutdown(
     finally:
         for channel in channels:
             channel.close()
+        executor.join()
         server.stop(grace=None)
-        paging.close()
-        shutil.rmtree(spill_dir, ignore_errors=True)
         if bulk is not None:
             bulk.close()
+        paging.close()
+        shutil.rmtree(spill_dir, ignore_errors=True)
 
 
 class Cluster(ClusterInspection, DatasetSources):
@@ -429,7 +433,9 @@ class Cluster(ClusterInspection, DatasetSources):
         return error
 
     def _refresh(self) -> None:
-        """Mark local workers whose process has exited as lost."""
+        """Mark local workers whose process has exited as lost (not while closing: they exit)."""
+        if self._closed:
+            return
         with self._cond:
             candidates = [w for w in self._workers.values() if w.lost is None and w.ready]
         for worker in candidates:

@@ -91,7 +91,8 @@ class _Endpoint:
         self._worker = worker
         self._unreachable = unreachable
         self._calls: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
-        threading.Thread(target=self._send, name=f"clamor-send-{worker}", daemon=True).start()
+        self.thread = threading.Thread(target=self._send, name=f"clamor-send-{worker}", daemon=True)
+        self.thread.start()
 
     def call(self, method: str, request: Any) -> None:
         self._calls.put((method, request))
@@ -527,3 +528,12 @@ class Executor:
         self._events.put(None)
         for endpoint in self._endpoints.values():
             endpoint.close()
+        if self._bulk is not None:
+            self._bulk.close()
+
+    def join(self, timeout: float = 5.0) -> None:
+        """Wait for the loop and the sender threads to end after :meth:`close` (close the
+        workers' channels first: that ends a call in flight)."""
+        for thread in [self._thread, *(e.thread for e in self._endpoints.values())]:
+            if thread is not threading.current_thread():
+                thread.join(timeout)

@@ -295,7 +295,13 @@ class Publisher:
                 except Exception:
                     logger.exception("a snapshot subscriber failed")
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop publishing and wait for a snapshot being built to finish: the cluster
+        closes its pager only after this (the thread reads the pager's tables)."""
         self._closed = True
         self._subscribers.clear()
         self._wake.set()
+        with self._lock:
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)

@@ -118,6 +118,24 @@ def _refusing_handler(handler, method: str, code: grpc.StatusCode, message: str)
     return grpc.unary_unary_rpc_method_handler(refuse)
 
 
+class Server:
+    """A started gRPC server and the thread pool its handlers run on.
+
+    grpc's own ``stop`` leaves the pool's threads behind (it does not own the pool);
+    :meth:`stop` ends both, so a closed cluster keeps no handler thread.
+    """
+
+    def __init__(self, server: grpc.Server, pool: futures.ThreadPoolExecutor) -> None:
+        self._server = server
+        self._pool = pool
+
+    def stop(self, grace: float | None = None, timeout: float = 5.0, *, join: bool = True) -> None:
+        """Refuse new calls, give calls in flight ``grace`` seconds (None: cancel them),
+        then (``join``) wait for the handlers still running to return."""
+        self._server.stop(grace).wait(timeout)
+        self._pool.shutdown(wait=join, cancel_futures=True)
+
+
 def create_server(
     token: str,
     services: Iterable[tuple[Callable[[Any, grpc.Server], None], Any]],
@@ -126,18 +144,15 @@ def create_server(
     port: int = 0,
     max_workers: int = 8,
     tls: TLSMaterial | None = None,
-) -> tuple[grpc.Server, str]:
+) -> tuple[Server, str]:
     """Start a gRPC server on ``host:port`` (0: any free port) that checks the token.
 
     ``services`` are ``(add_XServicer_to_server, servicer)`` pairs. With ``tls``,
     the server accepts only TLS clients presenting a certificate of the cluster's
     CA. Returns the started server and its ``host:port`` address.
     """
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="clamor-grpc"),
-        interceptors=[_AuthInterceptor(token)],
-        options=_CHANNEL_OPTIONS,
-    )
+    pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="clamor-grpc")
+    server = grpc.server(pool, interceptors=[_AuthInterceptor(token)], options=_CHANNEL_OPTIONS)
     for add, servicer in services:
         add(servicer, server)
     where = format_address(host, port)
@@ -149,9 +164,10 @@ def create_server(
         )
         bound = server.add_secure_port(where, credentials)
     if not bound:
+        pool.shutdown(wait=False)
         raise OSError(f"cannot listen on {format_address(host, port)}")
     server.start()
-    return server, format_address(host, bound)
+    return Server(server, pool), format_address(host, bound)
 
 
 # --- channels -------------------------------------------------------------------

@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("worker %d serving on %s", worker_id, address)
 
     servicer.shutdown_requested.wait()
-    server.stop(grace=1.0).wait(2.0)
+    server.stop(grace=1.0, timeout=2.0, join=False)  # os._exit follows: a wedged task may hold a handler
     if isinstance(servicer.store, SpillingStore):
         servicer.store.close()
     sys.stdout.flush()

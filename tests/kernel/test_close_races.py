@@ -1,0 +1,90 @@
+"""Closing a cluster is safe while anything reads it, and leaves nothing behind.
+
+Everything that wraps a native handle or runs a thread has a close order
+(runtime/cluster.py ``_shutdown``): the publisher's thread, the executor's
+threads, the gRPC handlers and the bulk server end before the driver pager frees
+its tables, and the pager's own API waits for calls in flight on other threads.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+import clamor
+from clamor import widgets
+
+HERE = Path(__file__).parent
+
+
+def _census() -> dict[str, set]:
+    """This process's OS threads (Python's and native ones), open fds (with their targets)
+    and child processes."""
+    gc.collect()
+    fds = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds.add(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            pass  # the listing's own fd, closed by now
+    return {
+        "threads": {int(t) for t in os.listdir("/proc/self/task")},
+        "fds": fds,
+        "children": {p.pid for p in psutil.Process().children(recursive=True)},
+    }
+
+
+def _left_since(before: dict[str, set], seconds: float = 5.0) -> dict[str, set]:
+    """What exists now and did not ``before``, once what is still winding down has ended."""
+    deadline = time.monotonic() + seconds
+    while True:
+        now = _census()
+        left = {k: now[k] - before[k] for k in now if now[k] - before[k]}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_twenty_open_close_cycles_with_a_dashboard_leave_no_thread_fd_or_process():
+    x = clamor.array(1 << 20, np.float64)  # 8 MiB: pages served to both workers
+    x[:] = 1.0
+
+    def cycle() -> None:
+        with clamor.Cluster(workers=2) as cluster:
+            view = widgets.dashboard(cluster)  # the publisher's thread, subscribed
+            cluster.publisher.interval = 0.01
+            assert cluster.run_stage([(w, lambda a: float(a[::512].sum()), (x,)) for w in (0, 1)]) == [2048.0] * 2
+            time.sleep(0.05)
+        view.close()
+
+    cycle()  # libraries' own lazily started threads (grpc's) come with the first cluster
+    _left_since(_census())
+    before = _census()
+    python_threads = {t.ident for t in threading.enumerate()}
+    for _ in range(20):
+        cycle()
+    left = _left_since(before)
+    assert [t.name for t in threading.enumerate() if t.ident not in python_threads] == []
+    assert left == {}
+
+
+@pytest.mark.slow
+def test_closing_clusters_while_the_publisher_views_extension_and_status_poll(tmp_path):
+    """50 rounds in a subprocess (close_races.py): a crash fails the test, not the run."""
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    proc = subprocess.run([sys.executable, str(HERE / "close_races.py"), "50", str(tmp_path)],
+                          capture_output=True, text=True, timeout=280, env=env, check=False)  # fmt: skip
+    tail = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, f"exit status {proc.returncode}:\n{tail}"
+    assert proc.stdout.splitlines()[-1].startswith("ok "), tail
+    assert not list(tmp_path.iterdir()), "a registry entry was left behind"
