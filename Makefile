@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 STAMP := .make-installed
 
-.PHONY: install kernelspec demo lab test test-fast bench-paging proto clean
+.PHONY: install kernelspec demo lab test test-deps test-fast bench-paging proto clean
 
 $(STAMP): pyproject.toml setup.py runtime/native/*.c runtime/native/*.h runtime/native/build.py
 	@command -v gcc >/dev/null && [ -f /usr/include/openssl/hmac.h ] || { \
@@ -34,12 +34,32 @@ lab: kernelspec
 	  --MappingKernelManager.default_kernel_name=clamor \
 	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
-## Set up and pass the tests (the kernel and notebook tests need the kernelspec).
-test: kernelspec
-	$(PYTHON) -m pytest -q
+## What the suite drives for real besides Python packages: headless Chromium (browser
+## tests), iproute2 and OpenSSH (simulated hosts, the SSH launcher), Node.js and
+## configurable-http-proxy (JupyterHub). Installed only where missing; apt-get needs root
+## (a test that needs root anyway, for network namespaces, skips without it and says so).
+test-deps:
+	@need=""; \
+	command -v chromium >/dev/null || need="$$need chromium"; \
+	command -v ip >/dev/null && command -v tc >/dev/null || need="$$need iproute2"; \
+	[ -x /usr/sbin/sshd ] || need="$$need openssh-server"; \
+	command -v ssh >/dev/null && command -v ssh-keygen >/dev/null || need="$$need openssh-client"; \
+	command -v npm >/dev/null || need="$$need nodejs npm"; \
+	if [ -n "$$need" ]; then \
+	  echo "installing$$need (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need >/dev/null; \
+	fi
+	@command -v configurable-http-proxy >/dev/null || { \
+	  echo "installing configurable-http-proxy (npm)"; \
+	  npm install -g --silent configurable-http-proxy >/dev/null; }
+
+## Set up and pass the tests (the kernel and notebook tests need the kernelspec). The whole
+## suite runs: a test skips only for what no install step can fix, and -rs prints why.
+test: kernelspec test-deps
+	$(PYTHON) -m pytest -q -rs
 
 test-fast: kernelspec
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTHON) -m pytest -q -rs -m "not slow"
 
 bench-paging: $(STAMP)
 	$(PYTHON) bench/paging.py

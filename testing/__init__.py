@@ -2,4 +2,6 @@
 
 - :mod:`clamor.testing.netns`: simulated hosts (Linux network namespaces, a bridge,
   rate-limited veth links) for multi-host tests and the benchmarks' network mode.
+- :mod:`clamor.testing.requirements`: what a test needs from the machine; a missing
+  program that ``make test`` installs fails the test, a missing permission skips it.
 """

@@ -41,16 +41,24 @@ _NS_RE = re.compile(r"^clamor-(\d+)-h\d+$")
 _LINK_RE = re.compile(r"^cl(?:br|v|p)(\d+)(?:h\d+)?$")
 
 
+def missing_tools(sshd: bool = True) -> list[str]:
+    """The programs simulated hosts need that are not installed (``ip``, ``tc``; with
+    ``sshd``, the OpenSSH client, ``ssh-keygen`` and server)."""
+    missing = [f"{t!r} on PATH" for t in ("ip", "tc", *(("ssh", "ssh-keygen") if sshd else ()))
+               if shutil.which(t) is None]  # fmt: skip
+    if sshd and not os.access(SSHD, os.X_OK):
+        missing.append(f"the OpenSSH server at {SSHD}")
+    return missing
+
+
 def missing_requirements(sshd: bool = True) -> str | None:
     """Why namespaced hosts cannot be built here (``None``: they can). ``sshd=False``:
     without :meth:`Network.start_sshd` (e.g. workers started by :class:`NamespaceLauncher`)."""
     if os.geteuid() != 0:
         return "needs root (network namespaces, veth pairs, tc" + (", sshd)" if sshd else ")")
-    for tool in ("ip", "tc", *(("ssh", "ssh-keygen") if sshd else ())):
-        if shutil.which(tool) is None:
-            return f"needs {tool!r} on PATH"
-    if sshd and not os.access(SSHD, os.X_OK):
-        return f"needs the OpenSSH server at {SSHD}"
+    missing = missing_tools(sshd)
+    if missing:
+        return "needs " + ", ".join(missing)
     probe = f"clamor-{os.getpid()}-probe"
     done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
     if done.returncode != 0:

@@ -191,6 +191,9 @@ def start_hub(workdir: Path, users: list[str], timeout: float = 60.0,
     admin_token = secrets.token_hex(32)
     environment = {
         **os.environ,
+        # the Hub spawns jupyterhub-singleuser by name: this interpreter's, as if its
+        # virtual environment were activated (make test PYTHON=venv/bin/python does not)
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "CLAMOR_HUB_IP": "127.0.0.1",
         "CLAMOR_HUB_PORT": str(port),
         "CLAMOR_HUB_HUB_IP": "127.0.0.1",

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from jupyterhub.app import JupyterHub
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -28,7 +29,6 @@ def _load_hub_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **env: str
 
 
 def test_every_yaml_file_parses() -> None:
-    yaml = pytest.importorskip("yaml")
     files = sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
     assert {f.name for f in files} >= {
         "values.yaml", "dask-gateway-values.yaml", "uffd-sysctl-daemonset.yaml"
@@ -40,7 +40,6 @@ def test_every_yaml_file_parses() -> None:
 
 
 def test_the_kubernetes_values_run_clamor_in_notebooks_and_worker_pods() -> None:
-    yaml = pytest.importorskip("yaml")
     hub = yaml.safe_load((DEPLOY / "kubernetes" / "values.yaml").read_text())
     gateway = yaml.safe_load((DEPLOY / "kubernetes" / "dask-gateway-values.yaml").read_text())
     singleuser = hub["singleuser"]

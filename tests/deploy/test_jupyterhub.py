@@ -18,15 +18,14 @@ pool's Dask workers.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import psutil
 import pytest
 from clamor.kernel import cli
+from clamor.testing.requirements import require_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: jupyter_remote
 from hub_process import REPO, free_ports, start_hub
@@ -40,12 +39,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(autouse=True)
 def _proxy_installed() -> None:
-    """JupyterHub needs configurable-http-proxy: skipped without it, except in CI."""
-    if shutil.which("configurable-http-proxy") is None:
-        why = "JupyterHub's proxy is not on PATH: npm install -g configurable-http-proxy"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+    """JupyterHub needs its proxy, configurable-http-proxy, from npm."""
+    require_program("configurable-http-proxy")
 
 
 @pytest.fixture

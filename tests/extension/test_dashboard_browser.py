@@ -4,7 +4,6 @@ while it runs (the page's polls apply the server's patches)."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 import threading
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clamor.testing.requirements import require_chromium
 from jupyter_remote import JupyterServer, RemoteKernel, start_jupyter_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernel"))
@@ -37,20 +37,12 @@ STATUS_JS = """() => {
 }"""
 
 
-def chromium_path() -> str | None:
-    for name in ("chromium", "chromium-browser"):
-        if found := shutil.which(name):
-            return found
-    return None
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    playwright = pytest.importorskip("playwright.sync_api")
-    path = chromium_path()
-    if path is None:
-        pytest.skip("no chromium executable (apt-get install chromium)")
-    with playwright.sync_playwright() as p:
+    path = require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
         b = p.chromium.launch(executable_path=path, headless=True, args=["--no-sandbox"])
         try:
             yield b

@@ -760,7 +760,8 @@ def test_forked_child_does_not_allocate_from_the_parents_arena(arena):
 
 
 def test_sklearn_kdtree_built_inside_shared_lives_in_the_arena(arena):
-    KDTree = pytest.importorskip("sklearn.neighbors").KDTree
+    from sklearn.neighbors import KDTree
+
     rng = np.random.default_rng(0)
     points = rng.random((5000, 3))
     with A.shared():

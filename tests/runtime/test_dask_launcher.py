@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+import distributed
 import numpy as np
 import psutil
 import pytest
@@ -24,7 +25,6 @@ from clamor.runtime.paging_api import NullDriverPaging
 
 import clamor
 
-distributed = pytest.importorskip("distributed")
 #: ``dashboard_address=None`` still starts the dashboard on :8787; switch it off.
 NO_DASHBOARD = {"dashboard_address": ":0", "scheduler_kwargs": {"dashboard": False}}
 

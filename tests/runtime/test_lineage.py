@@ -145,7 +145,7 @@ def test_lineage_graph_is_plain_data_for_widgets(runner):
     ]
     assert data["edges"][0] == [f"{ds._node.parent.id}:0", f"{ds.id}:0"]
     assert {n["state"] for n in data["nodes"]} == {"held", "not computed"}
-    nx = pytest.importorskip("networkx")
+    import networkx as nx
     graph = ds.lineage().to_networkx()
     assert isinstance(graph, nx.DiGraph) and graph.number_of_nodes() == 6 and graph.number_of_edges() == 3
 

@@ -8,8 +8,8 @@ host's link in the middle of a job loses its workers (missed heartbeats, failed
 calls): the job still ends with the exact result, the lost partitions recomputed
 from lineage on the surviving host.
 
-Needs root, ``ip``, ``tc`` and OpenSSH (client and ``/usr/sbin/sshd``); skipped
-with the reason otherwise. Only 198.51.100.0/24 (TEST-NET-2) is used.
+Needs root (skipped without it), ``ip``, ``tc`` and OpenSSH (client and
+``/usr/sbin/sshd``; ``make test`` installs them). Only 198.51.100.0/24 (TEST-NET-2) is used.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from clamor.runtime.errors import ClamorError
 from clamor.runtime.paging_api import NullDriverPaging
 from clamor.runtime.ssh_launcher import SSHLauncher
 from clamor.testing import netns
+from clamor.testing.requirements import require_hosts
 
 import clamor
 
@@ -37,9 +38,7 @@ PARTS = 16
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
     """Two hosts with sshd; the first one's link limited to 100 Mbit/s."""
-    reason = netns.missing_requirements()
-    if reason is not None:
-        pytest.skip(f"multi-host tests: {reason}")
+    require_hosts()
     network = netns.Network(2, tmp_path_factory.mktemp("netns"))
     try:
         for host in network.hosts:

@@ -34,7 +34,7 @@ def test_functions_by_value_keep_the_file_their_code_came_from():
     """Tracebacks on workers name the cell or notebook input (cloudpickle alone says
     ``<dynamic-code>`` since 3.1.3)."""
     scope: dict = {}
-    exec(compile("def f(x):\n    return 1 / x\n", "<ipython-input-7>", "exec"), scope)
+    exec(compile("def f(x):\n    return 1 / x\n", "<ipython-input-7>", "exec"), scope)  # noqa: S102 - a notebook cell
     back = shipping.loads(shipping.dumps(scope["f"]))
     assert back.__code__.co_filename == "<ipython-input-7>" and back(4) == 0.25
     with pytest.raises(ZeroDivisionError) as info:

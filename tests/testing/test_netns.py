@@ -4,7 +4,7 @@ namespaces (:class:`~clamor.testing.netns.NamespaceLauncher`).
 The benchmarks' network mode (bench/network.py) relies on both: the driver's traffic
 to all hosts must share one link (its NIC) while host-to-host traffic does not cross
 it, and a cluster's workers must run on the hosts, serving pages to each other on
-their own addresses. Needs root, ``ip`` and ``tc``; skipped with the reason otherwise.
+their own addresses. Needs root (skipped without it), ``ip`` and ``tc`` (``make test`` installs them).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clamor.testing import netns
+from clamor.testing.requirements import require_hosts
 
 import clamor
 
@@ -23,9 +24,7 @@ LINK = "200mbit"
 
 @pytest.fixture
 def net(tmp_path):
-    reason = netns.missing_requirements(sshd=False)
-    if reason is not None:
-        pytest.skip(f"simulated hosts: {reason}")
+    require_hosts(sshd=False)
     network = netns.Network(3, tmp_path / "netns")
     try:
         yield network

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from clamor.testing.requirements import require_chromium
 
 REPO = Path(__file__).resolve().parents[2]
 VIEWPORT = {"width": 1400, "height": 1000}
@@ -55,15 +56,6 @@ def artifacts_dir() -> Path:
     out = base / "browser"
     out.mkdir(parents=True, exist_ok=True)
     return out
-
-
-def chromium_path() -> str | None:
-    """The system Chromium (Debian's ``chromium`` package), or None."""
-    for name in ("chromium", "chromium-browser"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None
 
 
 @dataclass
@@ -218,9 +210,7 @@ def chromium() -> Iterator[Any]:
     """A headless system Chromium under Playwright (``executable_path``: nothing downloaded)."""
     from playwright.sync_api import sync_playwright
 
-    path = chromium_path()
-    if path is None:
-        raise FileNotFoundError("no chromium executable (apt-get install chromium)")
+    path = require_chromium()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=path, headless=True, args=["--no-sandbox"])
         try:

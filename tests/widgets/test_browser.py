@@ -8,12 +8,11 @@ screenshots go to ``$CLAMOR_ARTIFACTS/browser`` (default ``tests/artifacts/brows
 
 Until ``notebooks/kdtree.ipynb`` has its ``%clamor dashboard`` cell, a stand-in notebook
 (a Bokeh layout with the views' CSS classes, fed from a thread) runs on "python3".
-Without Chromium the tests skip, except under CI, where they fail.
+Without Chromium or Playwright the tests fail: ``make test`` installs both.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from collections.abc import Iterator
@@ -31,7 +30,6 @@ from browser import (
     artifacts_dir,
     cell_errors,
     chromium,
-    chromium_path,
     jupyterlab,
     new_page,
     open_notebook,
@@ -42,6 +40,7 @@ from browser import (
     views,
     wait_until_run,
 )
+from clamor.testing.requirements import require_chromium
 
 pytestmark = pytest.mark.slow
 
@@ -111,19 +110,6 @@ def write_standin(path: Path) -> Path:
     nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
     return path
-
-
-def require_chromium() -> None:
-    """Skip without Chromium or Playwright, saying why; under CI (``$CI``) fail instead."""
-    message = None
-    if chromium_path() is None:
-        message = "no chromium executable (apt-get install chromium; .ci/run does)"
-    elif importlib.util.find_spec("playwright") is None:
-        message = "no playwright module (pip install -e '.[test]')"
-    if message and os.environ.get("CI"):
-        pytest.fail(message)
-    if message:
-        pytest.skip(message)
 
 
 @pytest.fixture(scope="module")

@@ -205,7 +205,8 @@ def test_a_killed_worker_appears_as_an_event_and_its_recomputed_tasks_are_marked
 
 
 def test_the_view_inside_a_bokeh_widget_without_a_kernel_sends_patches():
-    jupyter_bokeh = pytest.importorskip("jupyter_bokeh")
+    import jupyter_bokeh
+
     view = TimelineView()
     widget = jupyter_bokeh.BokehModel(view.root)
     sent: list[dict] = []
