@@ -189,7 +189,8 @@ class RemoteKernel:
         """
         msg_id = self._send("execute_request", {
             "code": code, "silent": False, "store_history": True, "user_expressions": {},
-            "allow_stdin": False, "stop_on_error": True,
+            "allow_stdin": False,
+            "stop_on_error": False,  # a request sent right after an error is not aborted (ipykernel#609)
         })  # fmt: skip
         deadline = time.monotonic() + timeout
         out: list[str] = []
