@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 STAMP := .make-installed
 
-.PHONY: install kernelspec demo lab test test-deps test-fast bench-paging proto clean
+.PHONY: install kernelspec demo lab test test-deps test-oldest test-fast bench-paging proto clean
 
 $(STAMP): pyproject.toml setup.py runtime/native/*.c runtime/native/*.h runtime/native/build.py
 	@command -v gcc >/dev/null && [ -f /usr/include/openssl/hmac.h ] || { \
@@ -55,8 +55,20 @@ test-deps:
 
 ## Set up and pass the tests (the kernel and notebook tests need the kernelspec). The whole
 ## suite runs: a test skips only for what no install step can fix, and -rs prints why.
+## Then the fast part again against the oldest versions pyproject.toml allows.
 test: kernelspec test-deps
 	$(PYTHON) -m pytest -q -rs
+	$(MAKE) --no-print-directory test-oldest
+
+## The fast tests with the oldest dependency versions pyproject.toml allows
+## (testing/oldest-versions.txt), in a virtual environment of their own, so the floors
+## stay true. Editable like the main install: both use the native module built in place.
+OLDEST_VENV ?= .venv-oldest
+test-oldest: test-deps
+	@[ -x $(OLDEST_VENV)/bin/python ] || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install -q -c testing/oldest-versions.txt -e '.[test]'
+	@$(OLDEST_VENV)/bin/python -m clamor.kernel.cli install-kernel --sys-prefix >/dev/null
+	$(OLDEST_VENV)/bin/python -m pytest -q -rs -m "not slow" -p no:cacheprovider
 
 test-fast: kernelspec
 	$(PYTHON) -m pytest -q -rs -m "not slow"
@@ -102,4 +114,4 @@ proto:
 	$(PYTHON) runtime/proto/generate.py
 
 clean:
-	rm -rf build *.egg-info runtime/native/_native*.so $(STAMP)
+	rm -rf build *.egg-info runtime/native/_native*.so $(STAMP) $(OLDEST_VENV)

@@ -263,8 +263,12 @@ class TimelineView(View):
 
     def draw(self, snapshot: ClusterSnapshot, ax: Any) -> None:
         """Bars per worker (``broken_barh``) in the same colours, event markers on top."""
+        import matplotlib
         from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
+
+        # white hatches need hatchcolor (matplotlib 3.11); before, a hatch takes the edge colour
+        hatch_color = {"hatchcolor": "white"} if _version(matplotlib.__version__) >= (3, 11) else {}
 
         tasks = shown_tasks(snapshot, self.window, self.max_tasks)
         events = shown_events(snapshot, self.window)
@@ -277,7 +281,7 @@ class TimelineView(View):
                 if picked:
                     ax.broken_barh([(data["start"][j], data["duration"][j]) for j in picked], (i - 0.4, 0.8),
                                    facecolors=[data["color"][j] for j in picked],
-                                   edgecolor=SPECULATIVE_OUTLINE if hatched else "white", hatchcolor="white",
+                                   edgecolor=SPECULATIVE_OUTLINE if hatched else "white", **hatch_color,
                                    linewidth=1.5 if hatched else 0.3, hatch="//" if hatched else None)  # fmt: skip
         ev = event_columns(events, rows, origin)
         for j in range(len(ev["time"])):
@@ -301,3 +305,8 @@ class TimelineView(View):
 
 def _counts(counter: Counter) -> str:
     return ", ".join(f"{k} {v}" for k, v in counter.most_common()) or "none"
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """``"3.11.0rc1"`` -> ``(3, 11)``: the release's major and minor numbers."""
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in text.split(".")[:2])

@@ -454,9 +454,8 @@ class RecordingDriverPaging:
 
 def test_stage_protocol_drives_the_paging_seam(tmp_path, monkeypatch):
     (tmp_path / "recording_paging.py").write_text(textwrap.dedent(RECORDING_PAGING))
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
-    )
+    paths = [str(tmp_path), os.environ.get("PYTHONPATH", "")]  # no empty entry: that means the cwd
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
     paging = RecordingDriverPaging()
     with Cluster(2, paging=paging, timeout=30) as c:
         ready = sorted(e[1:] for e in paging.events if e[0] == "ready")
