@@ -56,8 +56,11 @@ test-deps:
 ## Set up and pass the tests (the kernel and notebook tests need the kernelspec). The whole
 ## suite runs: a test skips only for what no install step can fix, and -rs prints why.
 ## Then the fast part again against the oldest versions pyproject.toml allows.
+## Test modules run in PYTEST_WORKERS processes (pytest-xdist), a module's tests in one.
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS = -q -rs -n $(PYTEST_WORKERS) --dist loadfile
 test: kernelspec test-deps
-	$(PYTHON) -m pytest -q -rs
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-oldest
 
 ## The fast tests with the oldest dependency versions pyproject.toml allows
@@ -68,10 +71,10 @@ test-oldest: test-deps
 	@[ -x $(OLDEST_VENV)/bin/python ] || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install -q -c testing/oldest-versions.txt -e '.[test]'
 	@$(OLDEST_VENV)/bin/python -m clamor.kernel.cli install-kernel --sys-prefix >/dev/null
-	$(OLDEST_VENV)/bin/python -m pytest -q -rs -m "not slow" -p no:cacheprovider
+	$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS) -m "not slow" -p no:cacheprovider
 
 test-fast: kernelspec
-	$(PYTHON) -m pytest -q -rs -m "not slow"
+	$(PYTHON) -m pytest $(PYTEST_ARGS) -m "not slow"
 
 bench-paging: $(STAMP)
 	$(PYTHON) bench/paging.py

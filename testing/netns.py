@@ -20,6 +20,7 @@ process's id, and leftovers of dead processes are removed first.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import shutil
@@ -180,8 +181,32 @@ class Host:
         return run("ip", "netns", "exec", self.ns, *command, check=check, timeout=timeout)
 
 
+def claim_subnet(timeout: float = 600.0) -> socket.socket:
+    """Hold ``198.51.100.0/24`` for this process until the returned socket is closed.
+
+    The claim is an abstract Unix socket: the kernel drops it when its holder exits, and
+    it leaves no file. Two processes that build networks (parallel test workers, a
+    benchmark) take turns instead of failing on each other's addresses.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sock.bind(f"\0clamor-netns-{SUBNET}")
+            return sock
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                sock.close()
+                raise RuntimeError(f"{SUBNET}.0/24 stayed claimed by another process for "
+                                   f"{timeout:g} s: {exc}") from None  # fmt: skip
+            time.sleep(0.2)
+
+
 class Network:
     """A bridge with ``hosts`` namespaced hosts on ``198.51.100.0/24`` (a context manager).
+
+    One network per machine at a time (the addresses are fixed): a second one waits
+    until the first is closed (:func:`claim_subnet`).
 
     ``workdir``: where keys, sshd configs and logs go.
     """
@@ -200,9 +225,11 @@ class Network:
         self._made_run_sshd = False
         self._closed = False
         self.uplink: str | None = None  # the driver's link rate (shape_uplink)
+        self._claim = claim_subnet()
         remove_stale()
         in_use = run("ip", "-o", "addr", "show", "to", f"{SUBNET}.0/24").strip()
         if in_use:
+            self._claim.close()
             raise RuntimeError(f"{SUBNET}.0/24 is already in use here: {in_use}")
         try:
             self._build()
@@ -414,6 +441,8 @@ class Network:
                 pass
         if left := self.leftovers():
             errors.append(f"left behind: {', '.join(left)}")
+        else:
+            self._claim.close()  # the next network may come (never over a left-behind one)
         if errors:
             raise RuntimeError("; ".join(errors))
 
