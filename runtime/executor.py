@@ -47,9 +47,9 @@ from clamor.runtime.scheduler import (
     StageFailed,
     TaskResult,
 )
+from clamor.runtime.shipping import decode_exception
 from clamor.runtime.stage import DRIVER, PartitionKey, StageSpec, TaskSpec
 from clamor.runtime.telemetry import Telemetry
-from clamor.runtime.transport import decode_exception
 
 logger = logging.getLogger("clamor.executor")
 T = TypeVar("T")

@@ -4,14 +4,14 @@ The jupyter-server extension (extension/) runs in the notebook server, not in
 the kernel that owns the cluster; it asks the kernel's scheduler server for
 snapshots through this service. Calls need the cluster token like every other
 call (and TLS when the cluster uses it); the kernel hands the token only to
-files private to its user (kernel/cluster_registry.py).
+files private to its user (runtime/cluster_registry.py).
 """
 
 from __future__ import annotations
 
 import pickle
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 from clamor.runtime.credentials import Credentials
@@ -19,8 +19,17 @@ from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.transport import connect
 
-if TYPE_CHECKING:
-    from clamor.runtime.cluster import Cluster
+
+class Observed(Protocol):
+    """What the service reads of a cluster (the cluster imports this module, not the reverse)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def snapshot(self) -> Any: ...
+
+    def stats(self) -> dict: ...
+
 
 #: What :func:`query` can ask for.
 KINDS = ("snapshot", "stats")
@@ -29,7 +38,7 @@ KINDS = ("snapshot", "stats")
 class ObserverServicer(pb_grpc.ObserverServicer):
     """Answers ``Query``; holds its cluster weakly."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Observed) -> None:
         self._cluster = weakref.ref(cluster)
 
     def Query(self, request, context):

@@ -6,7 +6,9 @@ shape, dtype, strides) and the worker rebuilds a zero-copy, read-only view
 over its own arena mapping, whose pages fault in on first touch. Objects that
 hold such arrays (sklearn trees, dicts, user classes) therefore ship as a few
 bytes plus references. Arrays smaller than a page travel by value: sending
-them is cheaper than a page fault.
+them is cheaper than a page fault. Payloads are bounded by the control plane's
+message size (:func:`check_payload_size`), and a task's exception travels back as
+its pickle plus its traceback text (:func:`encode_exception` / :func:`decode_exception`).
 
 Code objects travel with ``marshal`` rather than cloudpickle's reducer: since
 cloudpickle 3.1.3 that reducer renames every file ``<dynamic-code>`` (for
@@ -17,9 +19,11 @@ run the same Python (cloudpickle's bytecode needs it too), so marshal is safe.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import marshal
 import pickle
+import traceback
 import types
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -27,9 +31,9 @@ from typing import Any, NamedTuple
 import cloudpickle
 import numpy as np
 from clamor.runtime import arena
-from clamor.runtime.errors import SerializationError
+from clamor.runtime.errors import RemoteTraceback, SerializationError, TaskError
 from clamor.runtime.pager import worker_pager
-from clamor.runtime.transport import check_payload_size
+from clamor.runtime.transport import MAX_MESSAGE_BYTES
 
 
 class ArenaRef(NamedTuple):
@@ -213,3 +217,67 @@ def _find_unpicklable(fn: Callable, args: Sequence, kwargs: dict) -> str | None:
         if found:
             return found
     return None
+
+
+# --- payload sizes and remote exceptions ---------------------------------------------
+
+#: Largest pickled task or result: the message limit minus room for the other fields.
+MAX_PAYLOAD_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
+
+
+def check_payload_size(data: bytes, what: str) -> bytes:
+    """Return ``data``, or raise :class:`SerializationError` if it exceeds the message limit."""
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise SerializationError(
+            f"{what} is {len(data) / 2**20:.1f} MiB once pickled, over the "
+            f"{MAX_PAYLOAD_BYTES / 2**20:.0f} MiB limit of a control-plane message; "
+            "keep large data in the shared arena rather than shipping it by value"
+        )
+    return data
+
+
+def encode_exception(exc: BaseException) -> dict[str, Any]:
+    """Fields of a ``RunTaskReply`` describing ``exc`` (pickled form, traceback text, type, message)."""
+    tb = exc.__traceback__
+    tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb  # drop the worker's frame
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    try:
+        blob = dumps(exc)
+        if len(blob) > MAX_PAYLOAD_BYTES // 2:
+            blob = b""
+    except Exception:  # noqa: BLE001 - unpicklable: the driver gets a TaskError
+        blob = b""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001
+        message = "<unprintable>"
+    cls = type(exc)
+    return {
+        "error": blob,
+        "traceback": text,
+        "error_type": f"{cls.__module__}.{cls.__qualname__}",
+        "error_message": message,
+    }
+
+
+def decode_exception(blob: bytes, tb: str, type_name: str, message: str) -> Exception:
+    """Re-create a task's exception in the driver, with the remote traceback attached.
+
+    The same type when it unpickles to an ``Exception``; otherwise a :class:`TaskError`.
+    The traceback is both ``exc.remote_traceback`` and ``exc.__cause__`` (a
+    :class:`RemoteTraceback`).
+    """
+    exc: Exception | None = None
+    if blob:
+        try:
+            obj = loads(blob)
+        except Exception:  # noqa: BLE001 - e.g. a class the driver cannot import
+            obj = None
+        if isinstance(obj, Exception):
+            exc = obj
+    if exc is None:
+        exc = TaskError(type_name, message, tb)
+    with contextlib.suppress(AttributeError):  # exceptions with __slots__ or read-only attributes
+        exc.__cause__ = RemoteTraceback(tb)
+        exc.remote_traceback = tb
+    return exc

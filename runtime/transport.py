@@ -12,18 +12,14 @@ server's certificate against :data:`TLS_SERVER_NAME`.
 from __future__ import annotations
 
 import collections
-import contextlib
 import hmac
 import logging
-import traceback
 from collections.abc import Callable, Iterable
 from concurrent import futures
 from typing import Any
 
 import grpc
-from clamor.runtime import shipping
 from clamor.runtime.credentials import TLS_SERVER_NAME, TLSMaterial
-from clamor.runtime.errors import RemoteTraceback, SerializationError, TaskError
 
 logger = logging.getLogger("clamor.transport")
 
@@ -34,8 +30,6 @@ PROTOCOL_METADATA_KEY = "x-clamor-protocol"
 
 #: Largest gRPC message sent or received, either way.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-#: Largest pickled task or result: the message limit minus room for the other fields.
-MAX_PAYLOAD_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -236,64 +230,3 @@ def connect(
         channel = grpc.secure_channel(address, credentials, options=options)
     metadata = [(TOKEN_METADATA_KEY, token), (PROTOCOL_METADATA_KEY, protocol)]
     return grpc.intercept_channel(channel, _MetadataInterceptor(metadata))
-
-
-# --- task payloads and remote exceptions ---------------------------------------------
-
-
-def check_payload_size(data: bytes, what: str) -> bytes:
-    """Return ``data``, or raise :class:`SerializationError` if it exceeds the message limit."""
-    if len(data) > MAX_PAYLOAD_BYTES:
-        raise SerializationError(
-            f"{what} is {len(data) / 2**20:.1f} MiB once pickled, over the "
-            f"{MAX_PAYLOAD_BYTES / 2**20:.0f} MiB limit of a control-plane message; "
-            "keep large data in the shared arena rather than shipping it by value"
-        )
-    return data
-
-
-def encode_exception(exc: BaseException) -> dict[str, Any]:
-    """Fields of a ``RunTaskReply`` describing ``exc`` (pickled form, traceback text, type, message)."""
-    tb = exc.__traceback__
-    tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb  # drop the worker's frame
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
-    try:
-        blob = shipping.dumps(exc)
-        if len(blob) > MAX_PAYLOAD_BYTES // 2:
-            blob = b""
-    except Exception:  # noqa: BLE001 - unpicklable: the driver gets a TaskError
-        blob = b""
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001
-        message = "<unprintable>"
-    cls = type(exc)
-    return {
-        "error": blob,
-        "traceback": text,
-        "error_type": f"{cls.__module__}.{cls.__qualname__}",
-        "error_message": message,
-    }
-
-
-def decode_exception(blob: bytes, tb: str, type_name: str, message: str) -> Exception:
-    """Re-create a task's exception in the driver, with the remote traceback attached.
-
-    The same type when it unpickles to an ``Exception``; otherwise a :class:`TaskError`.
-    The traceback is both ``exc.remote_traceback`` and ``exc.__cause__`` (a
-    :class:`RemoteTraceback`).
-    """
-    exc: Exception | None = None
-    if blob:
-        try:
-            obj = shipping.loads(blob)
-        except Exception:  # noqa: BLE001 - e.g. a class the driver cannot import
-            obj = None
-        if isinstance(obj, Exception):
-            exc = obj
-    if exc is None:
-        exc = TaskError(type_name, message, tb)
-    with contextlib.suppress(AttributeError):  # exceptions with __slots__ or read-only attributes
-        exc.__cause__ = RemoteTraceback(tb)
-        exc.remote_traceback = tb
-    return exc

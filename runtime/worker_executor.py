@@ -32,8 +32,9 @@ from clamor.runtime.partitions import (
 )
 from clamor.runtime.proto import clamor_pb2 as pb
 from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.shipping import encode_exception
 from clamor.runtime.stage import DRIVER, PartitionKey, TaskContext, run_program
-from clamor.runtime.transport import connect, encode_exception
+from clamor.runtime.transport import connect
 
 logger = logging.getLogger("clamor.worker")
 
