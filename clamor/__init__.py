@@ -39,7 +39,6 @@ def load_ipython_extension(ipython: object) -> None:
     from clamor.kernel.magics import load_ipython_extension as load
 
     load(ipython)
-    ipython.extension_manager.load_extension("clamor.widgets")  # type: ignore[attr-defined]
 
 __all__ = [
     "Accumulator",

@@ -9,7 +9,7 @@ server's ``base_url``:
 - ``clamor/api/clusters[/{kernel_id}[/workers|pages|lineage|tasks]]``: JSON;
 - ``clamor/static/bokeh/``: BokehJS, from the installed bokeh.
 
-The data comes from the kernels' clusters (kernel/cluster_registry.py, the
+The data comes from the kernels' clusters (runtime/cluster_registry.py, the
 ``Observer`` service of clamor.runtime.observer), queried off the IOLoop.
 """
 

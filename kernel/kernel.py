@@ -4,7 +4,7 @@ Lifecycle only, like ipyparallel's engine kernel; everything else is IPython's:
 
 - start: create the arena (``--ClamorKernel.arena_size`` / ``page_size``, or
   ``CLAMOR_ARENA_SIZE`` / ``CLAMOR_PAGE_SIZE``), load the ``%clamor`` magics and the
-  views (``clamor.widgets``, an IPython extension), put
+  views (``clamor.widgets``, which the magics load), put
   ``clamor`` and ``cluster`` in the user namespace. ``cluster`` is a lazy proxy:
   the local workers start on its first use, so an idle kernel has none.
 - each cell: numpy arrays of at least a page that the cell allocates go to the
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clamor.kernel import arena_default, cluster_registry, session
+from clamor.kernel import arena_default, registration, session
 from clamor.kernel.lazy import LazyCluster
 from clamor.runtime import arena
 from ipykernel.ipkernel import IPythonKernel
@@ -57,17 +57,13 @@ class ClamorKernel(IPythonKernel):
         arena.configure(arena_size=self.arena_size, page_size=self.page_size)
         arena.get_arena()
         self.shell.push({"clamor": clamor, "cluster": LazyCluster()}, interactive=False)
-        cluster_registry.watch(self.shell)  # so the server extension finds the user's clusters
+        registration.watch(self.shell)  # so the server extension finds the user's clusters
         try:
             from clamor.kernel.magics import load_ipython_extension
 
             load_ipython_extension(self.shell)
         except Exception:  # the kernel stays usable without its magics
             self.log.exception("cannot load the %clamor magics")
-        try:  # the views register with the magics (a plugin: loaded by name, not imported)
-            self.shell.extension_manager.load_extension("clamor.widgets")
-        except Exception:
-            self.log.exception("cannot load the Clamor views (clamor.widgets)")
 
     async def do_execute(
         self,

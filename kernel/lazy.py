@@ -16,7 +16,7 @@ from typing import Any
 from clamor.kernel import session
 from clamor.runtime.cluster import Cluster
 
-__all__ = ["LazyCluster"]
+__all__ = ["LazyCluster", "resolve"]
 
 
 class LazyCluster:
@@ -58,3 +58,13 @@ class LazyCluster:
             "the notebook's `cluster` cannot be shipped to tasks: it lives in the driver "
             "(use it in the cell, not inside a function that runs on the workers)"
         )
+
+
+def resolve(cluster: Any) -> Cluster:
+    """The cluster a view shows: the session's for ``None`` (started if need be), the
+    real one behind a :class:`LazyCluster`, else ``cluster`` itself."""
+    if cluster is None:
+        return session.get()
+    if isinstance(cluster, LazyCluster):
+        return cluster.get()
+    return cluster

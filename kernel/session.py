@@ -14,7 +14,7 @@ the kernel, the magics and the widgets share it through this module::
 The cluster options (``transport``, ``speculation``, ...) apply at the next
 :func:`start`. The cluster is closed at interpreter exit (``atexit``), quietly.
 In a kernel a Jupyter server started, the current cluster is registered for the
-server's dashboards and REST API while it runs (:mod:`clamor.kernel.cluster_registry`).
+server's dashboards and REST API while it runs (:mod:`clamor.kernel.registration`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from clamor.kernel import cluster_registry
+from clamor.kernel import registration
+from clamor.runtime import cluster_registry
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.memory import SPILL_POLICIES, to_bytes
@@ -250,7 +251,7 @@ def _start(workers: int | None, options: dict[str, Any]) -> Cluster:
         close()
         global _cluster
         _cluster = Cluster(workers or default_workers(), **kwargs)
-        cluster_registry.publish(_cluster)  # the server's dashboards find it (extension/)
+        registration.publish(_cluster)  # the server's dashboards find it (extension/)
         return _cluster
 
 
@@ -264,7 +265,7 @@ def use(cluster: Cluster) -> Cluster:
     global _cluster
     with _lock:
         _cluster = cluster
-    cluster_registry.publish(cluster)
+    registration.publish(cluster)
     return cluster
 
 

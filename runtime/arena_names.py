@@ -1,7 +1,7 @@
 """Names for arena pages: which notebook variable owns which pages (the views' hover).
 
-The runtime knows allocations, not names. The kernel does: the user's namespace
-holds the arrays. :func:`variable_spans` maps each top-level arena array (and
+The arena knows allocations, not names; a namespace (the notebook's, which the
+kernel and the views hand in) holds the arrays. :func:`variable_spans` maps each top-level arena array (and
 the arrays inside objects one level down, such as an sklearn ``KDTree``'s
 ``get_arrays()``) to its page span; the views' publisher calls it per snapshot.
 """

@@ -10,8 +10,10 @@ it to query the cluster's ``Observer`` service (clamor.runtime.observer). The
 entry goes when the cluster closes, is collected, or the kernel exits; one a
 SIGKILLed kernel leaves behind names a dead pid, which readers ignore and remove.
 
-Only kernels started by a Jupyter server have an id (their connection file is
-``kernel-<id>.json``); elsewhere nothing is written.
+Both sides import this module; it sits in the runtime, below the kernel and the
+server extension. Only kernels started by a Jupyter server have an id (their
+connection file is ``kernel-<id>.json``): the kernel's side of registration
+(:mod:`clamor.kernel.registration`) finds it, and writes nothing elsewhere.
 """
 
 from __future__ import annotations
@@ -32,10 +34,9 @@ from typing import Any
 import psutil
 from clamor.runtime.credentials import Credentials
 
-logger = logging.getLogger("clamor.kernel.registry")
+logger = logging.getLogger("clamor.registry")
 
-__all__ = ["Entry", "entry_path", "kernel_id", "publish", "read_entries", "refresh",
-           "registry_dir", "watch", "withdraw"]  # fmt: skip
+__all__ = ["Entry", "entry_path", "publish", "published", "read_entries", "registry_dir", "withdraw"]
 
 PREFIX = "clamor-cluster-"
 _VERSION = 1
@@ -70,35 +71,15 @@ def entry_path(kernel: str, directory: str | os.PathLike | None = None) -> Path:
     return Path(directory or registry_dir()) / f"{PREFIX}{kernel}.json"
 
 
-def kernel_id() -> str | None:
-    """This kernel's id (from its connection file ``kernel-<id>.json``), or None outside
-    a kernel a Jupyter server started."""
-    try:
-        from ipykernel.kernelapp import IPKernelApp
-    except ImportError:
-        return None
-    if not IPKernelApp.initialized():  # instance() would create an app
-        return None
-    name = os.path.basename(IPKernelApp.instance().connection_file or "")
-    if name.startswith("kernel-") and name.endswith(".json") and len(name) > 12:
-        return name[len("kernel-"):-len(".json")]
-    return None
-
-
-# --- the kernel side ---
+# --- the kernel's side ---
 
 _lock = threading.Lock()
 _published: dict[int, tuple[weakref.ref, Path, weakref.finalize]] = {}
 
 
-def publish(cluster: Any, kernel: str | None = None,
-            directory: str | os.PathLike | None = None) -> Path | None:  # fmt: skip
-    """Register ``cluster`` for this kernel (``kernel``: its id, default :func:`kernel_id`);
-    the entry's path, or None outside a server's kernel or when it cannot be written."""
-    kernel = kernel or kernel_id()
-    if kernel is None:
-        return None
-    _name_variables(cluster)
+def publish(cluster: Any, kernel: str, directory: str | os.PathLike | None = None) -> Path | None:
+    """Register ``cluster`` for kernel ``kernel`` (its id); the entry's path, or None when it
+    cannot be written. The kernel side (clamor.kernel.registration) finds the id."""
     path = entry_path(kernel, directory)
     body = {
         "version": _VERSION,
@@ -123,6 +104,12 @@ def publish(cluster: Any, kernel: str | None = None,
         finalizer.atexit = True
         _published[id(cluster)] = (weakref.ref(cluster), path, finalizer)
     return path
+
+
+def published() -> list[Any]:
+    """The clusters this process has registered that still exist."""
+    with _lock:
+        return [c for ref, _, _ in _published.values() if (c := ref()) is not None]
 
 
 def withdraw(cluster: Any = None) -> None:
@@ -160,61 +147,10 @@ def _write_private(path: Path, text: str) -> None:
         raise
 
 
-def _name_variables(cluster: Any) -> None:
-    """Name arena pages after the notebook's variables, so the server's page listing says
-    which array a page belongs to (the widgets do the same when shown)."""
-    try:
-        if cluster.publisher.variables is not None:
-            return
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is not None:
-            from clamor.kernel.arena_names import namer
-
-            cluster.publisher.variables = namer(shell.user_ns, cluster.page_size)
-    except Exception:
-        logger.debug("cannot name arena variables", exc_info=True)
-
-
-def refresh(namespace: dict[str, Any], kernel: str | None = None,
-            directory: str | os.PathLike | None = None) -> None:  # fmt: skip
-    """Keep the entry in step with the notebook: withdraw clusters closed behind the
-    session's back (``cluster.close()``), and publish an open ``clamor.Cluster`` the
-    user's cells made (``c = clamor.Cluster(4)``) when none is published."""
-    from clamor.runtime.cluster import Cluster
-
-    with _lock:
-        published = [(ref(), path) for ref, path, _ in _published.values()]
-    for cluster, _ in published:
-        if cluster is not None and cluster.closed:
-            withdraw(cluster)
-    if any(c is not None and not c.closed for c, _ in published):
-        return
-    for value in list(namespace.values()):
-        if isinstance(value, Cluster) and not value.closed:
-            publish(value, kernel, directory)
-            return
-
-
-def watch(shell: Any) -> None:
-    """Call :func:`refresh` on ``shell``'s namespace after every cell (the kernel does this)."""
-    if kernel_id() is None:
-        return
-
-    def post_run_cell(*_: Any) -> None:
-        try:
-            refresh(shell.user_ns)
-        except Exception:
-            logger.debug("refreshing the cluster registry failed", exc_info=True)
-
-    shell.events.register("post_run_cell", post_run_cell)
-
-
 atexit.register(withdraw)
 
 
-# --- the server side ---
+# --- the server's side ---
 
 
 def read_entries(directories: list[str | os.PathLike] | None = None,

@@ -17,6 +17,7 @@ static PNG.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from clamor.runtime import arena
@@ -25,14 +26,29 @@ from clamor.widgets.live import LiveView, close_all
 __all__ = ["LiveView", "close_all", "dashboard", "heatmap", "lineage", "replication", "timeline"]
 
 
-def _cluster(cluster: Any) -> Any:
-    """``cluster``, the real one behind the kernel's lazy ``cluster``, or the session's."""
-    from clamor.kernel import session
-    from clamor.kernel.lazy import LazyCluster
+def _given(cluster: Any) -> Any:
+    if cluster is None:
+        raise ValueError("no cluster given: pass one (clamor.widgets.dashboard(cluster)), or use "
+                         "the views in the Clamor kernel or after %load_ext clamor")  # fmt: skip
+    return cluster
 
-    if isinstance(cluster, LazyCluster):
-        return cluster.get()
-    return session.get() if cluster is None else cluster
+
+_resolve: Callable[[Any], Any] = _given
+_in_notebook: Callable[[], bool] = lambda: False
+
+
+def attach(resolve: Callable[[Any], Any], in_notebook: Callable[[], bool]) -> None:
+    """Called by the kernel's side when it loads the views (clamor.kernel.magics.views):
+    ``resolve(cluster)`` gives the cluster to show for ``None`` (the session's) or for a
+    stand-in (the kernel's lazy ``cluster``); ``in_notebook()`` says whether output goes to
+    a notebook. So the views never import the kernel."""
+    global _resolve, _in_notebook
+    _resolve, _in_notebook = resolve, in_notebook
+
+
+def _cluster(cluster: Any) -> Any:
+    """The cluster to show: ``cluster`` itself, or as the kernel resolves it (:func:`attach`)."""
+    return _resolve(cluster)
 
 
 def _name_variables(cluster: Any) -> None:
@@ -45,7 +61,7 @@ def _name_variables(cluster: Any) -> None:
         return
     shell = get_ipython()
     if shell is not None:
-        from clamor.kernel.arena_names import namer
+        from clamor.runtime.arena_names import namer
 
         cluster.publisher.variables = namer(shell.user_ns, cluster.page_size)
 
@@ -59,9 +75,7 @@ def _load_bokehjs() -> None:
     global _bokehjs_loaded
     if _bokehjs_loaded:
         return
-    from clamor.kernel.magics.progress import in_notebook
-
-    if in_notebook():
+    if _in_notebook():
         from bokeh.io import output_notebook
         from bokeh.resources import INLINE
 
@@ -123,8 +137,5 @@ def dashboard(cluster: Any = None, ds: Any = None, *, var: Any = None, name: str
 
 
 def load_ipython_extension(ip: Any) -> None:
-    """Register the views with the ``%clamor`` magics (``%load_ext clamor.widgets``)."""
-    from clamor.kernel.magics import views
-
-    views.register(heatmap=heatmap, replication=replication, timeline=timeline,
-                   lineage=lineage, dashboard=dashboard)  # fmt: skip
+    """``%load_ext clamor.widgets``: the same as ``%load_ext clamor`` (the magics load the views)."""
+    ip.extension_manager.load_extension("clamor")

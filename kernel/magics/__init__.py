@@ -15,12 +15,20 @@ _loaded: set[int] = set()
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register the magics and their tab completion in ``ipython`` (idempotent)."""
+    """Register the magics and their tab completion in ``ipython``, and the live views
+    (``clamor.widgets``) with them when their packages are installed (idempotent)."""
+    import logging
+
     from clamor.kernel.magics.completion import register
     from clamor.kernel.magics.magics import ClamorMagics
+    from clamor.kernel.magics.views import load_views
 
     ipython.register_magics(ClamorMagics)
     if id(ipython) not in _loaded:
         register(ipython)
         _loaded.add(id(ipython))
+    try:
+        load_views()
+    except ImportError as exc:  # the view commands say what is missing when used
+        logging.getLogger("clamor.kernel").info("the live views are not available: %s", exc)
 

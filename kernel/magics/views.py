@@ -1,9 +1,8 @@
 """``%clamor heatmap | replication | timeline | lineage | dashboard``: show the live views.
 
-The views live in ``clamor.widgets``, above the kernel in the import order: that
-package registers its functions here when it is loaded as an IPython extension
-(the Clamor kernel loads it at start; elsewhere the first view command loads it by
-name). These commands resolve names in the notebook and delegate. In a terminal
+The views live in ``clamor.widgets``, which never imports the kernel: loading the
+magics imports them (:func:`load_views`), tells them how to find the session's
+cluster and registers them here. These commands resolve names in the notebook and delegate. In a terminal
 IPython the views print their text summary instead of a widget, and
 ``%clamor lineage DS`` prints its one-line-per-partition table.
 """
@@ -13,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from clamor.kernel import arena_names
 from clamor.kernel.magics import errors
 from clamor.kernel.magics.commands import table
 from clamor.kernel.magics.progress import in_notebook
-from clamor.runtime import arena
+from clamor.runtime import arena, arena_names
 from clamor.runtime.dataset import Dataset
 from IPython.core.error import UsageError
 
@@ -26,8 +24,20 @@ _VIEWS: dict[str, Callable[..., Any]] = {}
 
 
 def register(**functions: Callable[..., Any]) -> None:
-    """Called by ``clamor.widgets.load_ipython_extension``."""
+    """Make ``%clamor NAME`` show ``functions[NAME](...)``."""
     _VIEWS.update(functions)
+
+
+def load_views() -> None:
+    """Import the views, tell them how to find this session's cluster, register them
+    (``ImportError`` without the widget packages)."""
+    from clamor.kernel.lazy import resolve
+
+    from clamor import widgets
+
+    widgets.attach(resolve=resolve, in_notebook=in_notebook)
+    register(heatmap=widgets.heatmap, replication=widgets.replication, timeline=widgets.timeline,
+             lineage=widgets.lineage, dashboard=widgets.dashboard)  # fmt: skip
 
 
 class ViewCommands:
@@ -38,7 +48,7 @@ class ViewCommands:
     def _view(self, view: str) -> Callable[..., Any]:
         if view not in _VIEWS:
             try:
-                self.shell.extension_manager.load_extension("clamor.widgets")
+                load_views()
             except ImportError as exc:
                 raise UsageError(f"%clamor {view} needs the widget packages (bokeh, "
                                  f"jupyter_bokeh, ipywidgets): {exc}") from None  # fmt: skip

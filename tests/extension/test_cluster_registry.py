@@ -1,4 +1,5 @@
-"""kernel/cluster_registry.py: the private files through which a notebook server finds
+"""The cluster registry (runtime/cluster_registry.py; the kernel's side in
+kernel/registration.py): the private files through which a notebook server finds
 its kernels' clusters (written 0600, read back, refused when unsafe, withdrawn)."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clamor.kernel import cluster_registry as registry
+from clamor.kernel import registration
+from clamor.runtime import cluster_registry as registry
 from clamor.runtime import observer
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.paging_api import NullDriverPaging
@@ -106,12 +108,12 @@ def test_refresh_follows_the_notebook_namespace(folder: Path) -> None:
     mine = Cluster(1, paging=NullDriverPaging(), timeout=30)
     try:
         namespace = {"x": 1, "c": mine}
-        registry.refresh(namespace, "k-6", folder)  # a cluster the user's cell made
+        registration.refresh(namespace, "k-6", folder)  # a cluster the user's cell made
         assert [e.address for e in registry.read_entries([folder]).values()] == [mine.address]
-        registry.refresh(namespace, "k-6", folder)  # idempotent
+        registration.refresh(namespace, "k-6", folder)  # idempotent
         assert len(registry.read_entries([folder])) == 1
         mine.close()  # closed behind the session's back: withdrawn after the cell
-        registry.refresh(namespace, "k-6", folder)
+        registration.refresh(namespace, "k-6", folder)
         assert registry.read_entries([folder]) == {}
     finally:
         mine.close()
@@ -119,5 +121,5 @@ def test_refresh_follows_the_notebook_namespace(folder: Path) -> None:
 
 
 def test_outside_a_jupyter_kernel_nothing_is_written(cluster: Cluster) -> None:
-    assert registry.kernel_id() is None
-    assert registry.publish(cluster) is None
+    assert registration.kernel_id() is None
+    assert registration.publish(cluster) is None

@@ -35,7 +35,8 @@ def main(rounds: int, registry: str) -> int:
         ClusterUnavailable,
         NoSuchCluster,
     )
-    from clamor.kernel import cluster_registry, session
+    from clamor.kernel import session
+    from clamor.runtime import cluster_registry
     from clamor.runtime.errors import ClamorError
     from IPython.core.interactiveshell import InteractiveShell
 

@@ -1,0 +1,94 @@
+"""The kernel's side of the cluster registry (:mod:`clamor.runtime.cluster_registry`).
+
+A kernel a Jupyter server started registers its cluster under its own kernel id
+(from its connection file), so that the server extension finds it; before that,
+arena pages are named after the notebook's variables. :func:`watch` keeps the
+registry in step with the notebook after every cell.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from clamor.runtime import cluster_registry
+
+logger = logging.getLogger("clamor.kernel.registration")
+
+
+def kernel_id() -> str | None:
+    """This kernel's id (from its connection file ``kernel-<id>.json``), or None outside
+    a kernel a Jupyter server started."""
+    try:
+        from ipykernel.kernelapp import IPKernelApp
+    except ImportError:
+        return None
+    if not IPKernelApp.initialized():  # instance() would create an app
+        return None
+    name = os.path.basename(IPKernelApp.instance().connection_file or "")
+    if name.startswith("kernel-") and name.endswith(".json") and len(name) > 12:
+        return name[len("kernel-"):-len(".json")]
+    return None
+
+
+def publish(cluster: Any, kernel: str | None = None,
+            directory: str | os.PathLike | None = None) -> Path | None:  # fmt: skip
+    """Register ``cluster`` for this kernel (``kernel``: its id, default :func:`kernel_id`);
+    the entry's path, or None outside a server's kernel or when it cannot be written."""
+    kernel = kernel or kernel_id()
+    if kernel is None:
+        return None
+    name_variables(cluster)
+    return cluster_registry.publish(cluster, kernel, directory)
+
+
+def name_variables(cluster: Any) -> None:
+    """Name arena pages after the notebook's variables, so the server's page listing says
+    which array a page belongs to (the widgets do the same when shown)."""
+    try:
+        if cluster.publisher.variables is not None:
+            return
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            from clamor.runtime.arena_names import namer
+
+            cluster.publisher.variables = namer(shell.user_ns, cluster.page_size)
+    except Exception:
+        logger.debug("cannot name arena variables", exc_info=True)
+
+
+def refresh(namespace: dict[str, Any], kernel: str | None = None,
+            directory: str | os.PathLike | None = None) -> None:  # fmt: skip
+    """Keep the entry in step with the notebook: withdraw clusters closed behind the
+    session's back (``cluster.close()``), and publish an open ``clamor.Cluster`` the
+    user's cells made (``c = clamor.Cluster(4)``) when none is published."""
+    from clamor.runtime.cluster import Cluster
+
+    published = cluster_registry.published()
+    for cluster in published:
+        if cluster.closed:
+            cluster_registry.withdraw(cluster)
+    if any(not c.closed for c in published):
+        return
+    for value in list(namespace.values()):
+        if isinstance(value, Cluster) and not value.closed:
+            publish(value, kernel, directory)
+            return
+
+
+def watch(shell: Any) -> None:
+    """Call :func:`refresh` on ``shell``'s namespace after every cell (the kernel does this)."""
+    if kernel_id() is None:
+        return
+
+    def post_run_cell(*_: Any) -> None:
+        try:
+            refresh(shell.user_ns)
+        except Exception:
+            logger.debug("refreshing the cluster registry failed", exc_info=True)
+
+    shell.events.register("post_run_cell", post_run_cell)
