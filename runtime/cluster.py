@@ -149,19 +149,16 @@ def _shutdown(
     pager's tables before the pager: the executor's threads (woken by closing the
     workers' channels), the scheduler's gRPC handlers, the bulk server, then the pager.
     Remove what the workers spilled to disk here. Also run at exit / on collection."""
-    try:
-        throttle.close()
-        executor.close()
-        launcher.close(timeout=0)
-    finally:
-        for channel in channels:
-            channel.close()
-        executor.join()
-        server.stop(grace=None)
-        if bulk is not None:
-            bulk.close()
-        paging.close()
-        shutil.rmtree(spill_dir, ignore_errors=True)
+    steps: list[Callable[[], object]] = [throttle.close, executor.close, lambda: launcher.close(timeout=0)]
+    steps += [channel.close for channel in channels]
+    steps += [executor.join, lambda: server.stop(grace=None)]
+    steps += [bulk.close] if bulk is not None else []
+    steps += [paging.close, lambda: shutil.rmtree(spill_dir, ignore_errors=True)]
+    for step in steps:  # each one, whatever the others did: the pager must be freed
+        try:
+            step()
+        except Exception:
+            logger.exception("closing the cluster: %s failed", getattr(step, "__qualname__", step))
 
 
 class Cluster(ClusterInspection, DatasetSources):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import hmac
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from concurrent import futures
 from typing import Any
@@ -112,6 +113,10 @@ def _refusing_handler(handler, method: str, code: grpc.StatusCode, message: str)
     return grpc.unary_unary_rpc_method_handler(refuse)
 
 
+#: Name prefix of the threads that run a server's handlers.
+_HANDLER_THREADS = "clamor-grpc"
+
+
 class Server:
     """A started gRPC server and the thread pool its handlers run on.
 
@@ -125,9 +130,12 @@ class Server:
 
     def stop(self, grace: float | None = None, timeout: float = 5.0, *, join: bool = True) -> None:
         """Refuse new calls, give calls in flight ``grace`` seconds (None: cancel them),
-        then (``join``) wait for the handlers still running to return."""
+        then (``join``) wait for the handlers still running to return. From one of those
+        handlers (a cluster collected on a handler thread) it does not wait: a thread
+        cannot join itself; the pool's threads end once their handlers return."""
         self._server.stop(grace).wait(timeout)
-        self._pool.shutdown(wait=join, cancel_futures=True)
+        in_handler = threading.current_thread().name.startswith(_HANDLER_THREADS)
+        self._pool.shutdown(wait=join and not in_handler, cancel_futures=True)
 
 
 def create_server(
@@ -145,7 +153,7 @@ def create_server(
     the server accepts only TLS clients presenting a certificate of the cluster's
     CA. Returns the started server and its ``host:port`` address.
     """
-    pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="clamor-grpc")
+    pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=_HANDLER_THREADS)
     server = grpc.server(pool, interceptors=[_AuthInterceptor(token)], options=_CHANNEL_OPTIONS)
     for add, servicer in services:
         add(servicer, server)

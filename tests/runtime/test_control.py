@@ -195,6 +195,35 @@ def test_wrong_token_and_protocol_are_refused(cluster, caplog):
     assert len(refusals) >= 3  # the scheduler's (in this process)
 
 
+class _StopsItsServer(pb_grpc.SchedulerServicer):
+    """A handler that stops the server it runs in (as a cluster collected on a handler
+    thread does in its finalizer)."""
+
+    server: transport.Server
+    stopped = threading.Event()
+
+    def Heartbeat(self, request, context):
+        self.server.stop(grace=None)  # cancels this very call too
+        self.stopped.set()
+        return pb.HeartbeatReply(ok=True)
+
+
+def test_a_server_stopped_from_its_own_handler_ends_without_joining_itself():
+    token = new_token()
+    servicer = _StopsItsServer()
+    servicer.server, address = transport.create_server(token, [(pb_grpc.add_SchedulerServicer_to_server, servicer)])
+    before = {t for t in threading.enumerate() if t.name.startswith("clamor-grpc")}
+    with transport.connect(address, token) as channel, pytest.raises(grpc.RpcError) as info:
+        pb_grpc.SchedulerStub(channel).Heartbeat(pb.HeartbeatRequest(), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert servicer.stopped.wait(10), "stop() raised or hung in the handler"
+    deadline = time.monotonic() + 10
+    while any(t.is_alive() for t in threading.enumerate() if t.name.startswith("clamor-grpc") and t not in before):
+        assert time.monotonic() < deadline, "the handler pool's threads did not end"
+        time.sleep(0.05)
+    servicer.server.stop()  # again, from the test's thread: nothing left to wait for
+
+
 def test_token_files_are_private(tmp_path):
     token = new_token()
     assert len(token) == 64 and token != new_token()
