@@ -128,6 +128,10 @@ def test_remote_exception_is_reraised_as_same_type(cluster):
     before = cluster.stats()["tasks_run"]
     with pytest.raises(ZeroDivisionError):
         cluster.run_stage([(0, abs, (-1,)), (1, divmod, (1, 0)), (0, abs, (-2,))])
+    # the error ends the stage at once; the other worker's reports may come just after it
+    deadline = time.monotonic() + 10
+    while cluster.stats()["tasks_run"] - before < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert cluster.stats()["tasks_run"] - before == 3
     assert cluster.run_stage([(0, abs, (-4,)), (1, abs, (-5,))]) == [4, 5]
 
