@@ -328,6 +328,7 @@ class SSHLauncher(Launcher):
             text = f"ssh {client.host} (ssh client pid {client.proc.pid})"
         code = client.proc.poll()
         if code is not None and code != 0 and not client.killed:
+            client.reader.join(1.0)  # ssh has exited: what it said may still be in the pipe
             tail = client.output_tail()
             if code == SSH_FAILED and client.remote_pid is not None:
                 text += f", ssh connection lost ({tail or 'no output'})"

@@ -193,6 +193,9 @@ def test_a_real_stage_shows_up_page_by_page(cluster):
     assert view.source.id in json.dumps(doc)
     sent: list = []
     widget.send = lambda content, buffers=None: sent.append(content)
+    # the driver writes a page of it: the next stage gives that page a new version (and a
+    # worker refetches it), whichever worker runs it (one that cached the rest reads none)
+    arr[-1] = -1.0
     cluster.parallelize(range(1), partitions=1).map(lambda i: float(arr[-k:].sum())).collect()
     snap = cluster.snapshot()
     view.update(snap)
