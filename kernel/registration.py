@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from clamor.runtime import cluster_registry
+from clamor.runtime import arena_names, cluster_registry
 
 logger = logging.getLogger("clamor.kernel.registration")
 
@@ -48,15 +48,7 @@ def name_variables(cluster: Any) -> None:
     """Name arena pages after the notebook's variables, so the server's page listing says
     which array a page belongs to (the widgets do the same when shown)."""
     try:
-        if cluster.publisher.variables is not None:
-            return
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is not None:
-            from clamor.runtime.arena_names import namer
-
-            cluster.publisher.variables = namer(shell.user_ns, cluster.page_size)
+        arena_names.name_after_notebook(cluster)
     except Exception:
         logger.debug("cannot name arena variables", exc_info=True)
 

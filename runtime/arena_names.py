@@ -61,3 +61,17 @@ def variable_spans(namespace: Mapping[str, Any], page_size: int) -> dict[str, tu
 def namer(namespace: Mapping[str, Any], page_size: int) -> Callable[[], dict[str, tuple[int, int]]]:
     """A zero-argument callable for ``Publisher.variables``."""
     return lambda: variable_spans(namespace, page_size)
+
+
+def name_after_notebook(cluster: Any) -> None:
+    """In IPython, have ``cluster``'s snapshots name arena pages after the user's variables
+    (unless something named them already); elsewhere nothing."""
+    if cluster.publisher.variables is not None:
+        return
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        cluster.publisher.variables = namer(shell.user_ns, cluster.page_size)

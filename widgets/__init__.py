@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from clamor.runtime import arena
+from clamor.runtime import arena, arena_names
 from clamor.widgets.live import LiveView, close_all
 
 __all__ = ["LiveView", "close_all", "dashboard", "heatmap", "lineage", "replication", "timeline"]
@@ -51,21 +51,6 @@ def _cluster(cluster: Any) -> Any:
     return _resolve(cluster)
 
 
-def _name_variables(cluster: Any) -> None:
-    """In IPython, name arena pages after the user's variables (the heatmap's hover)."""
-    if cluster.publisher.variables is not None:
-        return
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    shell = get_ipython()
-    if shell is not None:
-        from clamor.runtime.arena_names import namer
-
-        cluster.publisher.variables = namer(shell.user_ns, cluster.page_size)
-
-
 _bokehjs_loaded = False
 
 
@@ -84,7 +69,7 @@ def _load_bokehjs() -> None:
 
 
 def _show(view: Any, cluster: Any, live: bool) -> LiveView:
-    _name_variables(cluster)
+    arena_names.name_after_notebook(cluster)
     _load_bokehjs()
     return LiveView(view, cluster, live=live)
 
