@@ -47,7 +47,9 @@ def test_jupyter_server_extension_list_shows_it_enabled(tmp_path: Path,
     monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path))
     path = cli.enable_server_extension(user=True)
     assert path == str(tmp_path / "jupyter_server_config.d" / "clamor.json")
-    out = subprocess.run([sys.executable, "-m", "jupyter", "server", "extension", "list"],
+    # `-m jupyter_server`, not `jupyter server`: jupyter's dispatcher runs the first
+    # `jupyter-server` on PATH, which may belong to another Python.
+    out = subprocess.run([sys.executable, "-m", "jupyter_server", "extension", "list"],
                          capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
     text = out.stdout + out.stderr
     lines = [line for line in text.splitlines() if "clamor.extension" in line]
