@@ -5,7 +5,7 @@ STAMP := .make-installed
 
 .PHONY: install kernelspec demo lab test test-deps test-oldest test-fast bench-paging proto clean
 
-$(STAMP): pyproject.toml setup.py runtime/native/*.c runtime/native/*.h runtime/native/build.py
+$(STAMP): pyproject.toml setup.py runtime/paging/native/*.c runtime/paging/native/*.h runtime/paging/native/build.py
 	@command -v gcc >/dev/null && [ -f /usr/include/openssl/hmac.h ] || { \
 	  echo "installing gcc and OpenSSL headers (apt-get)"; \
 	  apt-get update -qq && apt-get install -y -qq gcc libssl-dev >/dev/null; }
@@ -114,7 +114,7 @@ bench-dashboard: kernelspec
 	$(PYTHON) bench/dashboard.py
 
 proto:
-	$(PYTHON) runtime/proto/generate.py
+	$(PYTHON) runtime/net/proto/generate.py
 
 clean:
-	rm -rf build *.egg-info runtime/native/_native*.so $(STAMP) $(OLDEST_VENV)
+	rm -rf build *.egg-info runtime/paging/native/_native*.so $(STAMP) $(OLDEST_VENV)

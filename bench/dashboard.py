@@ -37,7 +37,7 @@ SETUP = """
 import json, time
 import numpy as np
 import clamor.widgets
-from clamor.runtime import geodata
+from clamor.demo import geodata
 from sklearn.neighbors import KDTree
 
 points = geodata.scaled_points({points}, seed=1)

@@ -78,7 +78,7 @@ CASES = ("end to end", "queries (warm)")
 
 def make_data(n_points: int, n_queries: int) -> tuple[np.ndarray, np.ndarray]:
     """(points, queries), both (n, 2) float64 [lat, lon]; deterministic."""
-    from clamor.runtime import geodata
+    from clamor.demo import geodata
 
     points = geodata.scaled_points(n_points, seed=1)
     rng = np.random.default_rng(7)

@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from clamor.runtime import arena
+from clamor.runtime.paging import arena
 from harness import BUSY_CORES, busy_seconds, wait_until_idle
 from machine import git, machine
 

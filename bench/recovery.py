@@ -485,7 +485,7 @@ def run_child(kind: str, params: dict, args: argparse.Namespace) -> dict:
 def reference_kmeans(p: dict) -> list[np.ndarray]:
     """The centroids after each iteration: the same partial sums, added in task order
     (as the accumulators merge them at the barrier), in this process."""
-    from clamor.runtime.ops import bounds
+    from clamor.runtime.data.ops import bounds
 
     points, c = make_points(p["points"], p["dims"], p["k"], p["seed"])
     parts = [

@@ -12,7 +12,7 @@ re-reads it for T passes; a pass is one cheap gradient-style reduction per parti
 driver. P = 500, T = 50 (``--quick``: P = 100, T = 10), 2 workers.
 
 Budgets, with D = P MiB of data: ``worker_memory={0: D/2, 1: 3D/2}``. Half of a
-worker's memory is its page cache (``clamor.runtime.memory.PAGE_CACHE_SHARE``), so
+worker's memory is its page cache (``clamor.runtime.paging.memory.PAGE_CACHE_SHARE``), so
 worker 0 may keep D/4 of partitions and worker 1 3D/4. They are asymmetric on
 purpose: the build splits the partitions about evenly between the two workers, so
 with both budgets at D/2 nothing would spill at all. R3S's point is using a peer's

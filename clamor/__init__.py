@@ -5,20 +5,10 @@ to them, and workers fetch only the pages they touch. This module is the
 curated public API and nothing else.
 """
 
-from clamor.runtime.accumulators import Accumulator
-from clamor.runtime.arena import (
-    array,
-    asarray,
-    configure,
-    empty,
-    empty_like,
-    in_arena,
-    shared,
-)
-from clamor.runtime.checkpoint import CheckpointError, restore
 from clamor.runtime.cluster import Cluster
-from clamor.runtime.dask_launcher import DaskLauncher
-from clamor.runtime.dataset import Dataset
+from clamor.runtime.data.accumulators import Accumulator
+from clamor.runtime.data.checkpoint import CheckpointError, restore
+from clamor.runtime.data.dataset import Dataset
 from clamor.runtime.errors import (
     ArenaExhaustedError,
     ClamorError,
@@ -27,8 +17,18 @@ from clamor.runtime.errors import (
     TaskError,
     WorkerLostError,
 )
-from clamor.runtime.shipping import ArenaRef
-from clamor.runtime.ssh_launcher import SSHLauncher
+from clamor.runtime.launchers.dask import DaskLauncher
+from clamor.runtime.launchers.ssh import SSHLauncher
+from clamor.runtime.net.shipping import ArenaRef
+from clamor.runtime.paging.arena import (
+    array,
+    asarray,
+    configure,
+    empty,
+    empty_like,
+    in_arena,
+    shared,
+)
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,6 @@
 """Cluster snapshots and stats as JSON-ready data: the REST API's bodies (DESIGN 8).
 
-Pure functions of a :class:`~clamor.runtime.snapshots.ClusterSnapshot` and of
+Pure functions of a :class:`~clamor.runtime.observe.snapshots.ClusterSnapshot` and of
 ``cluster.stats()`` (both fetched from the kernel by the handlers); nothing here
 does I/O, so the shapes are tested on snapshots made by hand as well.
 """
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from clamor.runtime.snapshots import PAGE_FIELDS, ClusterSnapshot, PageSnapshot
+from clamor.runtime.observe.snapshots import PAGE_FIELDS, ClusterSnapshot, PageSnapshot
 
 
 def plain(value: Any) -> Any:

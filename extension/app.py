@@ -9,8 +9,8 @@ server's ``base_url``:
 - ``clamor/api/clusters[/{kernel_id}[/workers|pages|lineage|tasks]]``: JSON;
 - ``clamor/static/bokeh/``: BokehJS, from the installed bokeh.
 
-The data comes from the kernels' clusters (runtime/cluster_registry.py, the
-``Observer`` service of clamor.runtime.observer), queried off the IOLoop.
+The data comes from the kernels' clusters (runtime/observe/cluster_registry.py, the
+``Observer`` service of clamor.runtime.observe.observer), queried off the IOLoop.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The clusters of this server's kernels, and queries to them off the IOLoop (DESIGN 8).
 
 A kernel whose cluster runs has an entry in the registry
-(:mod:`clamor.runtime.cluster_registry`): its scheduler's address and credentials.
+(:mod:`clamor.runtime.observe.cluster_registry`): its scheduler's address and credentials.
 :class:`ClusterSource` lists the entries of the server's *running* kernels only
 and asks their scheduler's ``Observer`` service for snapshots and stats on a
 thread pool, so a busy or hung kernel never blocks the server. Answers are
@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
-from clamor.runtime import cluster_registry, observer
-from clamor.runtime.cluster_registry import Entry
+from clamor.runtime.observe import cluster_registry, observer
+from clamor.runtime.observe.cluster_registry import Entry
 
 
 class NoSuchCluster(LookupError):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import bokeh
-from clamor.runtime.snapshots import ClusterSnapshot
+from clamor.runtime.observe.snapshots import ClusterSnapshot
 
 #: Page name -> what it shows (the index's links, in this order).
 VIEWS = {

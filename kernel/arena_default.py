@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from clamor.kernel import session
-from clamor.runtime import arena
+from clamor.runtime.paging import arena
 
 __all__ = ["CONFIG_KEY", "cell_allocations", "enabled", "threshold"]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from clamor.kernel import arena_default, registration, session
 from clamor.kernel.lazy import LazyCluster
-from clamor.runtime import arena
+from clamor.runtime.paging import arena
 from ipykernel.ipkernel import IPythonKernel
 from traitlets import Integer
 

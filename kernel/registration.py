@@ -1,4 +1,4 @@
-"""The kernel's side of the cluster registry (:mod:`clamor.runtime.cluster_registry`).
+"""The kernel's side of the cluster registry (:mod:`clamor.runtime.observe.cluster_registry`).
 
 A kernel a Jupyter server started registers its cluster under its own kernel id
 (from its connection file), so that the server extension finds it; before that,
@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from clamor.runtime import arena_names, cluster_registry
+from clamor.runtime.observe import cluster_registry
+from clamor.runtime.paging import arena_names
 
 logger = logging.getLogger("clamor.kernel.registration")
 

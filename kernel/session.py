@@ -28,10 +28,10 @@ from collections.abc import Callable
 from typing import Any
 
 from clamor.kernel import registration
-from clamor.runtime import cluster_registry
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.errors import ClamorError
-from clamor.runtime.memory import SPILL_POLICIES, to_bytes
+from clamor.runtime.observe import cluster_registry
+from clamor.runtime.paging.memory import SPILL_POLICIES, to_bytes
 
 logger = logging.getLogger("clamor.kernel.session")
 

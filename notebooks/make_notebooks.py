@@ -36,7 +36,7 @@ place, and the next stage re-fetches just the page that changed."""),
 import time
 
 import numpy as np
-from clamor.runtime import geodata
+from clamor.demo import geodata
 from sklearn.neighbors import KDTree
 
 t0 = time.perf_counter()
@@ -249,7 +249,7 @@ per-cluster sums and counts into two accumulators; the driver computes the new
 centroids in place, and the next stage uses them."""),
     ("code", """\
 import numpy as np
-from clamor.runtime import geodata
+from clamor.demo import geodata
 
 k = 8
 points = geodata.scaled_points(400_000, seed=7)

@@ -3,7 +3,7 @@
 :class:`Cluster` starts the ``Scheduler`` gRPC service and local worker
 processes, tracks which are alive (process exit, failed calls, missed
 heartbeats for remote ones) and runs stages through its
-:class:`~clamor.runtime.executor.Executor` (DESIGN.md section 5): ``execute``
+:class:`~clamor.runtime.scheduling.executor.Executor` (DESIGN.md section 5): ``execute``
 for stages built by datasets, ``run`` / ``run_stage`` for plain function calls
 on given workers. A task's exception is re-raised in the driver as the same
 type, with the remote traceback attached; a worker that dies during a stage
@@ -29,31 +29,34 @@ from typing import Any, Self
 
 import cloudpickle
 import grpc
-from clamor.runtime import checkpoint, lineage, memory, shipping, snapshots
-from clamor.runtime.bulk import BulkClient, BulkServer
 from clamor.runtime.cluster_inspection import ClusterInspection
 from clamor.runtime.credentials import Credentials
-from clamor.runtime.dataset import DatasetSources
+from clamor.runtime.data import checkpoint, lineage
+from clamor.runtime.data.dataset import DatasetSources
 from clamor.runtime.errors import ClamorError, WorkerLostError
-from clamor.runtime.executor import Executor
 from clamor.runtime.exitcodes import describe_exit
-from clamor.runtime.launcher import Launcher, LocalLauncher
-from clamor.runtime.observer import ObserverServicer
-from clamor.runtime.pager import DriverPager
-from clamor.runtime.paging_api import DriverPaging
-from clamor.runtime.partitions import decode_key
-from clamor.runtime.proto import clamor_pb2 as pb
-from clamor.runtime.proto import clamor_pb2_grpc as pb_grpc
-from clamor.runtime.shipping import pack_task
-from clamor.runtime.stage import PartitionKey, StageSpec, TaskContext, TaskSpec
-from clamor.runtime.throttle import Throttle
-from clamor.runtime.transport import (
+from clamor.runtime.launchers.local import Launcher, LocalLauncher
+from clamor.runtime.net import shipping
+from clamor.runtime.net.proto import clamor_pb2 as pb
+from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.net.shipping import pack_task
+from clamor.runtime.net.transport import (
     PROTOCOL_VERSION,
     Server,
     connect,
     create_server,
     format_address,
 )
+from clamor.runtime.observe import snapshots
+from clamor.runtime.observe.observer import ObserverServicer
+from clamor.runtime.paging import memory
+from clamor.runtime.paging.pager import DriverPager
+from clamor.runtime.paging.paging_api import DriverPaging
+from clamor.runtime.scheduling.executor import Executor
+from clamor.runtime.scheduling.throttle import Throttle
+from clamor.runtime.stage import PartitionKey, StageSpec, TaskContext, TaskSpec
+from clamor.runtime.storage.bulk import BulkClient, BulkServer
+from clamor.runtime.storage.partitions import decode_key
 
 logger = logging.getLogger("clamor.cluster")
 
@@ -167,7 +170,7 @@ class Cluster(ClusterInspection, DatasetSources):
     ``workers``: how many (default ``os.cpu_count()``); ``host``: the address the
     scheduler and the driver's page server listen on (and local workers too).
     ``launcher``: where workers run: ``"local"`` (subprocesses here, the default) or a
-    :class:`~clamor.runtime.launcher.Launcher` such as ``SSHLauncher(hosts)`` or
+    :class:`~clamor.runtime.launchers.local.Launcher` such as ``SSHLauncher(hosts)`` or
     ``DaskLauncher(client)``; remote workers need ``host`` to be an address they can
     reach. ``tls``: mutual TLS with a per-cluster CA on gRPC and the page protocol
     (for multi-host clusters; the token is checked either way). Paging (DESIGN 3): ``page_size`` (default

@@ -10,14 +10,16 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from clamor.runtime import arena, lineage, snapshots
-from clamor.runtime.proto import clamor_pb2 as pb
+from clamor.runtime.data import lineage
+from clamor.runtime.net.proto import clamor_pb2 as pb
+from clamor.runtime.observe import snapshots
+from clamor.runtime.paging import arena
 from clamor.runtime.stage import PartitionKey
 
 if TYPE_CHECKING:
-    from clamor.runtime.bulk import BulkServer
-    from clamor.runtime.executor import Executor
-    from clamor.runtime.paging_api import DriverPaging
+    from clamor.runtime.paging.paging_api import DriverPaging
+    from clamor.runtime.scheduling.executor import Executor
+    from clamor.runtime.storage.bulk import BulkServer
 
 
 #: Worker counters that ``stats()`` also sums over the workers (memory budgets, R3S).
@@ -97,12 +99,12 @@ class ClusterInspection:
 
     @property
     def telemetry(self) -> Any:
-        """The attempts, stages and events the driver saw (runtime/telemetry.py)."""
+        """The attempts, stages and events the driver saw (runtime/observe/telemetry.py)."""
         return self._executor.telemetry
 
     @property
     def publisher(self) -> snapshots.Publisher:
-        """Publishes :class:`~clamor.runtime.snapshots.ClusterSnapshot` s to the views."""
+        """Publishes :class:`~clamor.runtime.observe.snapshots.ClusterSnapshot` s to the views."""
         if self._publisher is None:
             self._publisher = snapshots.Publisher(self)
         return self._publisher

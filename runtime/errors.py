@@ -9,7 +9,7 @@ class ArenaExhaustedError(ClamorError, MemoryError):
     """The shared arena has no free block large enough for an allocation."""
 
 
-# --- control plane (runtime/cluster.py, runtime/worker.py) -------------------
+# --- control plane (runtime/cluster.py, runtime/worker/process.py) -------------------
 
 
 class RemoteTraceback(Exception):

@@ -1,9 +1,9 @@
 """What a stage is, shared by the datasets, the scheduler and the workers.
 
 A *stage* (DESIGN 5) is one ``program`` run once per :class:`TaskSpec`, on
-workers, between two barriers. The dataset layer (runtime/dataset.py) builds
-stages; the scheduler state machine (runtime/scheduler.py) places their tasks;
-the executor (runtime/executor.py) runs them on worker processes::
+workers, between two barriers. The dataset layer (runtime/data/dataset.py) builds
+stages; the scheduler state machine (runtime/scheduling/scheduler.py) places their tasks;
+the executor (runtime/scheduling/executor.py) runs them on worker processes::
 
     stage = StageSpec(program, [TaskSpec(0, inputs=(k0,)), TaskSpec(1, inputs=(k1,))])
     values = cluster.execute(stage)       # one value per task, in index order
@@ -135,7 +135,7 @@ class StageRunner(Protocol):
 
     ``execute`` runs a stage to its barrier and returns the ``reply`` values in task
     index order (``None`` for tasks with ``reply=False``); it merges the tasks'
-    accumulator updates once per task index (:func:`clamor.runtime.accumulators.merge`)
+    accumulator updates once per task index (:func:`clamor.runtime.data.accumulators.merge`)
     and raises the first task error (same exception type, remote traceback attached),
     :class:`~clamor.runtime.errors.WorkerLostError`, or
     :class:`~clamor.runtime.errors.MissingPartitionError` for an input nobody holds.

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Self
 
 import psutil
-from clamor.runtime.launcher import LocalLauncher, worker_command
+from clamor.runtime.launchers.local import LocalLauncher, worker_command
 
 SUBNET = "198.51.100"
 DRIVER_ADDRESS = f"{SUBNET}.1"
@@ -456,7 +456,7 @@ class Network:
 
 class NamespaceLauncher(LocalLauncher):
     """Clamor workers on a :class:`Network`'s hosts: worker ``i`` runs in host
-    ``i % len(hosts)``'s namespace (``ip netns exec NS python -m clamor.runtime.worker
+    ``i % len(hosts)``'s namespace (``ip netns exec NS python -m clamor.runtime.worker.process
     ... --host ADDRESS``), serving pages to its peers on that host's address.
 
     ``clamor.Cluster(workers=N, launcher=NamespaceLauncher(network),

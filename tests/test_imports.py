@@ -17,11 +17,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _modules() -> dict[str, Path]:
-    """``clamor.x.y`` -> its file, from the package map in pyproject.toml."""
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    """``clamor.x.y`` -> its file, from the package list and folder map in pyproject.toml
+    (a subpackage without its own entry lies in its parent's folder)."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = config["package-dir"]
     modules = {}
-    for package, folder in config.items():
-        for path in (REPO / folder).glob("*.py"):
+    for package in config["packages"]:
+        parent = max((p for p in folders if package == p or package.startswith(p + ".")), key=len)
+        folder = REPO / folders[parent] / package[len(parent) + 1 :].replace(".", "/")
+        for path in folder.glob("*.py"):
             name = package if path.stem == "__init__" else f"{package}.{path.stem}"
             modules[name] = path
     return modules
@@ -86,7 +90,7 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read_from_the_real_files():
     edges = graph()
     assert "clamor.runtime.cluster" in edges and "clamor.widgets" in edges
-    assert "clamor.runtime.executor" in edges["clamor.runtime.cluster"]
+    assert "clamor.runtime.scheduling.executor" in edges["clamor.runtime.cluster"]
 
 
 def test_there_is_no_import_circle():
@@ -105,3 +109,50 @@ def test_the_views_and_the_server_extension_do_not_import_the_kernel():
         if module.startswith(("clamor.widgets", "clamor.extension"))
     }
     assert {m: t for m, t in offending.items() if t} == {}
+
+
+#: The runtime's parts, lowest first (docs/architecture.md). A part imports only from
+#: the layers below it; parts side by side in one layer never import each other.
+RUNTIME_LAYERS = [
+    {"errors", "exitcodes", "stage", "credentials"},  # the shared vocabulary
+    {"paging"},
+    {"net"},
+    {"storage", "data"},
+    {"observe"},
+    {"scheduling", "worker", "launchers"},
+    {"cluster_inspection"},
+    {"cluster"},
+]
+
+
+def _runtime_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "runtime" else None
+
+
+def test_every_runtime_part_has_a_layer():
+    layered = set().union(*RUNTIME_LAYERS)
+    assert {_runtime_part(m) for m in graph()} - {None} == layered
+
+
+def test_the_runtime_parts_import_one_way():
+    layer = {part: i for i, parts in enumerate(RUNTIME_LAYERS) for part in parts}
+    wrong = []
+    for module, targets in graph().items():
+        source = _runtime_part(module)
+        for target in map(_runtime_part, targets):
+            if source and target and source != target and layer[target] >= layer[source]:
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+def test_a_worker_process_loads_no_driver_code():
+    edges = graph()
+    seen, todo = set(), ["clamor.runtime.worker.process"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(edges[module])
+    driver = {"scheduling", "observe", "launchers", "cluster", "cluster_inspection", "data"}
+    assert sorted(m for m in seen if _runtime_part(m) in driver or not m.startswith("clamor.runtime")) == []

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from clamor.runtime import arena, arena_names
+from clamor.runtime.paging import arena, arena_names
 from clamor.widgets.live import LiveView, close_all
 
 __all__ = ["LiveView", "close_all", "dashboard", "heatmap", "lineage", "replication", "timeline"]

@@ -3,7 +3,7 @@
 A view follows the ``source / root / update()`` shape of Dask's dashboard
 components: it owns its ``ColumnDataSource`` objects, ``root`` is the Bokeh
 model to show (a figure or a layout), and ``update(snapshot)`` refreshes the
-sources from a :class:`~clamor.runtime.snapshots.ClusterSnapshot`. Views never
+sources from a :class:`~clamor.runtime.observe.snapshots.ClusterSnapshot`. Views never
 call the cluster: they read snapshots only, so they are tested on snapshots
 made by hand as well as on real ones.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from clamor.runtime.snapshots import ClusterSnapshot
+from clamor.runtime.observe.snapshots import ClusterSnapshot
 
 #: Colours shared by the views (colour-blind safe, Okabe-Ito).
 COLORS = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from clamor.runtime.arena import format_bytes
-from clamor.runtime.snapshots import ClusterSnapshot
+from clamor.runtime.observe.snapshots import ClusterSnapshot
+from clamor.runtime.paging.arena import format_bytes
 from clamor.widgets.base import View, render_grid
 from clamor.widgets.heatmap_view import PageHeatmap
 from clamor.widgets.lineage_view import LineageView

@@ -26,8 +26,8 @@ from bokeh.models import (
 )
 from bokeh.palettes import Blues256, Greens256, Oranges256, Viridis256
 from bokeh.plotting import figure
-from clamor.runtime.arena import format_bytes
-from clamor.runtime.snapshots import ClusterSnapshot, PageSnapshot
+from clamor.runtime.observe.snapshots import ClusterSnapshot, PageSnapshot
+from clamor.runtime.paging.arena import format_bytes
 from clamor.widgets.base import View, set_data
 
 #: The colourings the toggle offers: ``(metric, label, palette)``; counters are log-scaled.

@@ -1,6 +1,6 @@
 """The lineage graph: datasets as columns, their partitions as nodes, coloured by state (DESIGN 8).
 
-Draws a :class:`~clamor.runtime.lineage.LineageGraph`: every live persisted partition
+Draws a :class:`~clamor.runtime.data.lineage.LineageGraph`: every live persisted partition
 (``snapshot.lineage``, what the dashboard shows), or one dataset's partitions and
 its ancestors' (``LineageView(lambda: ds.lineage())``). Datasets are columns left to
 right in dependency order (a dataset's depth is one more than its deepest parent's),
@@ -22,8 +22,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from clamor.runtime.lineage import LineageGraph, LineageNode
-from clamor.runtime.snapshots import ClusterSnapshot
+from clamor.runtime.data.lineage import LineageGraph, LineageNode
+from clamor.runtime.observe.snapshots import ClusterSnapshot
 from clamor.widgets.base import COLORS, View, set_data
 
 logger = logging.getLogger("clamor.widgets")

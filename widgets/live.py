@@ -20,7 +20,7 @@ import threading
 import weakref
 from typing import Any
 
-from clamor.runtime.snapshots import ClusterSnapshot
+from clamor.runtime.observe.snapshots import ClusterSnapshot
 from clamor.widgets.base import View
 
 logger = logging.getLogger("clamor.widgets")

@@ -20,8 +20,8 @@ from bokeh.models import (
     NumeralTickFormatter,
 )
 from bokeh.plotting import figure
-from clamor.runtime.arena import format_bytes
-from clamor.runtime.snapshots import ClusterSnapshot
+from clamor.runtime.observe.snapshots import ClusterSnapshot
+from clamor.runtime.paging.arena import format_bytes
 from clamor.widgets.base import COLORS, View, set_data
 
 

@@ -1,6 +1,6 @@
 """Per-worker task bars, like Dask's task stream, with failures and recovery marked (DESIGN 8).
 
-One row per worker; a bar per task attempt (:class:`~clamor.runtime.telemetry.TaskRecord`)
+One row per worker; a bar per task attempt (:class:`~clamor.runtime.observe.telemetry.TaskRecord`)
 from its start to its end (a running attempt to the snapshot's time). The colour says
 what happened to it: failed, lost with its worker or cancelled first; otherwise what
 kind of attempt it was (a speculative copy of a straggler, a rerun after a lost worker,
@@ -19,8 +19,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from clamor.runtime.snapshots import ClusterSnapshot
-from clamor.runtime.telemetry import Event, TaskRecord
+from clamor.runtime.observe.snapshots import ClusterSnapshot
+from clamor.runtime.observe.telemetry import Event, TaskRecord
 from clamor.widgets.base import COLORS, View, set_data
 
 #: Statuses whose colour wins over the attempt's kind.

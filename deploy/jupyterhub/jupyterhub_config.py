@@ -8,9 +8,9 @@ kernel and the ``clamor.extension`` REST API and dashboards (under
 the notebook, not here (deploy/jupyterhub/README.md):
 
 * per-user workers (the default): each kernel starts its own local worker processes,
-  as the user, or SSH workers with ``clamor.runtime.ssh_launcher.SSHLauncher(hosts)``;
+  as the user, or SSH workers with ``clamor.runtime.launchers.ssh.SSHLauncher(hosts)``;
 * a shared worker pool: kernels borrow workers from one Dask cluster through
-  ``clamor.runtime.dask_launcher.DaskLauncher(client)``; set ``CLAMOR_HUB_POOL`` to its
+  ``clamor.runtime.launchers.dask.DaskLauncher(client)``; set ``CLAMOR_HUB_POOL`` to its
   scheduler address and every server gets ``DASK_SCHEDULER_ADDRESS``, so
   ``dask.distributed.Client()`` connects to it with no arguments.
 

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from clamor.runtime.errors import ClamorError
-from clamor.runtime.launcher import Launcher
+from clamor.runtime.launchers.local import Launcher
 
 #: The batch script submitted for each group of workers.
 SCRIPT = Path(__file__).resolve().with_name("clamor-workers.sbatch")

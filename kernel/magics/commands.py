@@ -14,10 +14,11 @@ from typing import Any
 
 from clamor.kernel import session
 from clamor.kernel.magics import errors, parsing
-from clamor.runtime import checkpoint, shipping
-from clamor.runtime.arena import format_bytes
 from clamor.runtime.cluster import Cluster
-from clamor.runtime.dataset import Dataset
+from clamor.runtime.data import checkpoint
+from clamor.runtime.data.dataset import Dataset
+from clamor.runtime.net import shipping
+from clamor.runtime.paging.arena import format_bytes
 from IPython.core.error import UsageError
 
 #: Checkpoints started by ``%clamor checkpoint`` (shown by ``%clamor status``).

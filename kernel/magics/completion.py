@@ -12,7 +12,7 @@ from typing import Any
 
 from clamor.kernel import session
 from clamor.kernel.magics import parsing
-from clamor.runtime.dataset import Dataset
+from clamor.runtime.data.dataset import Dataset
 
 __all__ = ["complete_cell", "complete_line", "register"]
 

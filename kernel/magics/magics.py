@@ -17,9 +17,9 @@ from clamor.kernel.magics.cells import EmptyCellError, check_identifiers, compil
 from clamor.kernel.magics.commands import LineCommands
 from clamor.kernel.magics.progress import progress
 from clamor.kernel.magics.views import ViewCommands
-from clamor.runtime import shipping
 from clamor.runtime.cluster import Cluster
-from clamor.runtime.dataset import Dataset
+from clamor.runtime.data.dataset import Dataset
+from clamor.runtime.net import shipping
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 

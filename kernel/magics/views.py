@@ -15,8 +15,8 @@ from typing import Any
 from clamor.kernel.magics import errors
 from clamor.kernel.magics.commands import table
 from clamor.kernel.magics.progress import in_notebook
-from clamor.runtime import arena, arena_names
-from clamor.runtime.dataset import Dataset
+from clamor.runtime.data.dataset import Dataset
+from clamor.runtime.paging import arena, arena_names
 from IPython.core.error import UsageError
 
 #: What ``clamor.widgets`` registered: ``heatmap``, ``timeline``, ... -> function.

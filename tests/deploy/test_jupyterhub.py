@@ -135,7 +135,7 @@ import os
 import numpy as np
 from dask.distributed import Client
 from clamor.kernel import session
-from clamor.runtime.dask_launcher import DaskLauncher
+from clamor.runtime.launchers.dask import DaskLauncher
 
 client = Client(timeout=60)  # DASK_SCHEDULER_ADDRESS, set for every server by the Hub
 client.wait_for_workers(2, timeout=60)

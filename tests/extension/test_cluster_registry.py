@@ -1,4 +1,4 @@
-"""The cluster registry (runtime/cluster_registry.py; the kernel's side in
+"""The cluster registry (runtime/observe/cluster_registry.py; the kernel's side in
 kernel/registration.py): the private files through which a notebook server finds
 its kernels' clusters (written 0600, read back, refused when unsafe, withdrawn)."""
 
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 from clamor.kernel import registration
-from clamor.runtime import cluster_registry as registry
-from clamor.runtime import observer
 from clamor.runtime.cluster import Cluster
-from clamor.runtime.paging_api import NullDriverPaging
+from clamor.runtime.observe import cluster_registry as registry
+from clamor.runtime.observe import observer
+from clamor.runtime.paging.paging_api import NullDriverPaging
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,13 @@ import time
 import numpy as np
 import pytest
 from clamor.extension import api, pages
-from clamor.runtime.lineage import LineageGraph
-from clamor.runtime.snapshots import ClusterSnapshot, PageSnapshot, WorkerSnapshot
-from clamor.runtime.telemetry import Event, StageRecord, TaskRecord
+from clamor.runtime.data.lineage import LineageGraph
+from clamor.runtime.observe.snapshots import (
+    ClusterSnapshot,
+    PageSnapshot,
+    WorkerSnapshot,
+)
+from clamor.runtime.observe.telemetry import Event, StageRecord, TaskRecord
 
 PAGE = 4096
 

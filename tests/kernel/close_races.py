@@ -36,8 +36,8 @@ def main(rounds: int, registry: str) -> int:
         NoSuchCluster,
     )
     from clamor.kernel import session
-    from clamor.runtime import cluster_registry
     from clamor.runtime.errors import ClamorError
+    from clamor.runtime.observe import cluster_registry
     from IPython.core.interactiveshell import InteractiveShell
 
     import clamor

@@ -27,11 +27,11 @@ import psutil
 import pytest
 from clamor.kernel import arena_default, cli, session
 from clamor.kernel.lazy import LazyCluster
-from clamor.runtime import arena
+from clamor.runtime.paging import arena
 from jupyter_client import KernelClient, KernelManager
 from kernelspec_fixture import clamor_kernelspec  # noqa: F401 - a fixture
 
-WORKER_MODULE = "clamor.runtime.worker"
+WORKER_MODULE = "clamor.runtime.worker.process"
 
 # --- in-process: the arena default, the lazy cluster, the command line ---------------
 

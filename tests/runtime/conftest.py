@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 
 import pytest
-from clamor.runtime import arena as A
+from clamor.runtime.paging import arena as A
 
 
 @pytest.fixture

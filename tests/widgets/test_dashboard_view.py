@@ -5,8 +5,12 @@ hand-made snapshots and on a real cluster whose workers spill."""
 from __future__ import annotations
 
 import numpy as np
-from clamor.runtime.lineage import LineageGraph
-from clamor.runtime.snapshots import ClusterSnapshot, PageSnapshot, WorkerSnapshot
+from clamor.runtime.data.lineage import LineageGraph
+from clamor.runtime.observe.snapshots import (
+    ClusterSnapshot,
+    PageSnapshot,
+    WorkerSnapshot,
+)
 from clamor.widgets.dashboard_view import memory_line, status_line
 
 import clamor

@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 import pytest
-from clamor.runtime.lineage import LineageGraph
-from clamor.runtime.snapshots import PAGE_FIELDS, ClusterSnapshot, PageSnapshot
+from clamor.runtime.data.lineage import LineageGraph
+from clamor.runtime.observe.snapshots import PAGE_FIELDS, ClusterSnapshot, PageSnapshot
 from clamor.widgets.heatmap_view import PageHeatmap, owners
 
 import clamor
@@ -149,7 +149,7 @@ def test_a_real_stage_shows_up_page_by_page(cluster):
 
     with clamor.shared():
         arr = clamor.asarray(np.arange(256 * 1024, dtype=np.float64))  # 2 MiB: 512 pages
-    span = clamor.runtime.arena.page_span(arr, cluster.page_size)
+    span = clamor.runtime.paging.arena.page_span(arr, cluster.page_size)
     cluster.publisher.variables = lambda: {"arr": span}
     k = len(arr) // 8
     sums = cluster.parallelize(range(4), partitions=4).map(lambda i: float(arr[i * k : (i + 1) * k].sum())).collect()

@@ -9,8 +9,12 @@ import json
 import time
 
 import numpy as np
-from clamor.runtime.lineage import LineageGraph, LineageNode
-from clamor.runtime.snapshots import ClusterSnapshot, PageSnapshot, WorkerSnapshot
+from clamor.runtime.data.lineage import LineageGraph, LineageNode
+from clamor.runtime.observe.snapshots import (
+    ClusterSnapshot,
+    PageSnapshot,
+    WorkerSnapshot,
+)
 from clamor.widgets.base import COLORS
 from clamor.widgets.lineage_view import LineageView, depths, layout
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from clamor.runtime.lineage import LineageGraph
-from clamor.runtime.snapshots import ClusterSnapshot, PageSnapshot
+from clamor.runtime.data.lineage import LineageGraph
+from clamor.runtime.observe.snapshots import ClusterSnapshot, PageSnapshot
 from clamor.widgets.base import COLORS
 from clamor.widgets.replication_view import ReplicationView
 

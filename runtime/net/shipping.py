@@ -1,0 +1,283 @@
+"""Serialization of tasks and results between the driver and the workers.
+
+Tasks are pickled with cloudpickle plus one rule (DESIGN 4): a numpy array
+whose buffer lies in the driver's arena travels as an `ArenaRef` (offset,
+shape, dtype, strides) and the worker rebuilds a zero-copy, read-only view
+over its own arena mapping, whose pages fault in on first touch. Objects that
+hold such arrays (sklearn trees, dicts, user classes) therefore ship as a few
+bytes plus references. Arrays smaller than a page travel by value: sending
+them is cheaper than a page fault. Payloads are bounded by the control plane's
+message size (:func:`check_payload_size`), and a task's exception travels back as
+its pickle plus its traceback text (:func:`encode_exception` / :func:`decode_exception`).
+
+Code objects travel with ``marshal`` rather than cloudpickle's reducer: since
+cloudpickle 3.1.3 that reducer renames every file ``<dynamic-code>`` (for
+deterministic pickles), and a worker's traceback then no longer names the cell
+(``<clamor-cell-N>``) or notebook input its lines come from. Driver and workers
+run the same Python (cloudpickle's bytecode needs it too), so marshal is safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import marshal
+import pickle
+import traceback
+import types
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import cloudpickle
+import numpy as np
+from clamor.runtime.errors import RemoteTraceback, SerializationError, TaskError
+from clamor.runtime.net.transport import MAX_MESSAGE_BYTES
+from clamor.runtime.paging import arena
+from clamor.runtime.paging.pager import worker_pager
+
+
+class ArenaRef(NamedTuple):
+    """Where an arena array lives: enough to rebuild a view on any process."""
+
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    strides: tuple[int, ...]
+
+
+def arena_ref(x: np.ndarray) -> ArenaRef:
+    """The reference for an arena array (`ValueError` if `x` is not in the arena)."""
+    return ArenaRef(arena.arena_offset(x), x.shape, x.dtype, x.strides)
+
+
+def rebuild(ref: ArenaRef) -> np.ndarray:
+    """The array `ref` names, as seen by this process.
+
+    On a worker: a read-only view of its demand-paged arena. In the driver
+    (e.g. a task unpickled locally): a read-only view of the driver's arena.
+    """
+    pager = worker_pager()
+    if pager is not None:
+        return pager.array(ref.offset, ref.shape, ref.dtype, ref.strides)
+    view = arena.view(ref.offset, ref.shape, ref.dtype, ref.strides)
+    view.flags.writeable = False
+    return view
+
+
+def _rebuild(offset: int, shape: tuple, dtype: np.dtype, strides: tuple) -> np.ndarray:
+    return rebuild(ArenaRef(offset, shape, dtype, strides))
+
+
+class _Pickler(cloudpickle.Pickler):
+    def __init__(
+        self, file: io.BytesIO, min_ref_bytes: int | None, buffer_callback: Callable | None = None
+    ) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=buffer_callback)
+        self.min_ref_bytes = min_ref_bytes
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (
+            type(obj) is np.ndarray
+            and not obj.dtype.hasobject
+            and arena.in_arena(obj)  # first: never creates an arena (workers have none)
+            and obj.nbytes >= (self.min_ref_bytes or arena.page_size())
+        ):
+            return _rebuild, tuple(arena_ref(obj))
+        if type(obj) is types.CodeType:
+            return marshal.loads, (marshal.dumps(obj),)  # keeps co_filename (module docstring)
+        return super().reducer_override(obj)
+
+
+def dumps(obj: object, min_ref_bytes: int | None = None) -> bytes:
+    """Serialize `obj` (closures included); arena arrays of at least `min_ref_bytes`
+    (default: the arena's page size; a cluster passes its own) by reference."""
+    buf = io.BytesIO()
+    _Pickler(buf, min_ref_bytes).dump(obj)
+    return buf.getvalue()
+
+
+def dumps_out_of_band(obj: object) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Like `dumps`, but large buffers (array data) stay out of the pickle, uncopied,
+    for a transport that sends them as they are (runtime/storage/bulk.py); `loads(data, buffers)`."""
+    buf, buffers = io.BytesIO(), []
+    _Pickler(buf, None, buffers.append).dump(obj)
+    return buf.getvalue(), buffers
+
+
+def loads(data: bytes, buffers: Sequence | None = None) -> object:
+    """Inverse of `dumps` (and of `dumps_out_of_band`, given its buffers)."""
+    return pickle.loads(data, buffers=buffers)
+
+
+# --- task payloads: fail at submission, naming the culprit -------------------------
+
+
+def pack_task(
+    fn: Callable, args: tuple = (), kwargs: dict | None = None, min_ref_bytes: int | None = None
+) -> bytes:
+    """``dumps((fn, args, kwargs))``, or a :class:`SerializationError` naming the culprit."""
+    kwargs = kwargs or {}
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    try:
+        data = dumps((fn, tuple(args), kwargs), min_ref_bytes)
+    except Exception as exc:
+        culprit = _find_unpicklable(fn, args, kwargs)
+        raise SerializationError(
+            f"cannot ship {name} to a worker: {culprit or 'the task'} cannot be pickled "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    return check_payload_size(data, f"the task {name} with its arguments")
+
+
+def pack_program(program: object, min_ref_bytes: int | None = None) -> bytes:
+    """``dumps(program)`` for a stage, or a :class:`SerializationError` naming the culprit."""
+    try:
+        data = dumps(program, min_ref_bytes)
+    except Exception as exc:
+        name = getattr(program, "__qualname__", None) or type(program).__qualname__
+        culprit = _find_unpicklable(program, (), {})
+        raise SerializationError(
+            f"cannot ship {name} to the workers: {culprit or 'the stage'} cannot be pickled "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    return check_payload_size(data, "the stage's program")
+
+
+def _picklable(obj: object) -> bool:
+    try:
+        dumps(obj)
+        return True
+    except Exception:  # noqa: BLE001 - whatever the pickler raises
+        return False
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _parts(fn: object) -> list[tuple[str, object]]:
+    """The objects a function drags along when pickled by value: captured variables, globals,
+    defaults; the items of a list, tuple or dict; the attributes of another object."""
+    if isinstance(fn, list | tuple):
+        return [(f"item {i} of a {type(fn).__name__}", x) for i, x in enumerate(fn)]
+    if isinstance(fn, dict):
+        return [(f"value {k!r} of a dict", v) for k, v in fn.items()]
+    if not isinstance(fn, types.FunctionType):
+        attrs = getattr(fn, "__dict__", None)
+        owner = type(fn).__qualname__
+        return [(f"attribute {k!r} of a {owner}", v) for k, v in (attrs or {}).items()]
+    name = fn.__qualname__
+    parts = [
+        (f"variable {var!r} captured by {name}", cell.cell_contents)
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())
+        if _cell_filled(cell)
+    ]
+    parts += [
+        (f"global {var!r} used by {name}", fn.__globals__[var])
+        for var in sorted(_global_names(fn.__code__))
+        if var in fn.__globals__
+    ]
+    parts += [(f"a default argument of {name}", d) for d in fn.__defaults__ or ()]
+    parts += [(f"keyword default {k!r} of {name}", v) for k, v in (fn.__kwdefaults__ or {}).items()]
+    return parts
+
+
+def _cell_filled(cell) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def _find_unpicklable(fn: Callable, args: Sequence, kwargs: dict) -> str | None:
+    """Describe the innermost object that fails to pickle, e.g. "variable 'lock' captured by f"."""
+
+    def search(label: str, obj: object, depth: int, seen: set[int]) -> str | None:
+        if id(obj) in seen or _picklable(obj):
+            return None
+        seen.add(id(obj))
+        if depth < 6:
+            for sub_label, sub in _parts(obj):
+                found = search(sub_label, sub, depth + 1, seen)
+                if found:
+                    return found
+        return f"{label} (a {type(obj).__module__}.{type(obj).__qualname__})"
+
+    candidates = [("the function", fn)]
+    candidates += [(f"argument {i}", a) for i, a in enumerate(args)]
+    candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    seen: set[int] = set()
+    for label, obj in candidates:
+        found = search(label, obj, 0, seen)
+        if found:
+            return found
+    return None
+
+
+# --- payload sizes and remote exceptions ---------------------------------------------
+
+#: Largest pickled task or result: the message limit minus room for the other fields.
+MAX_PAYLOAD_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
+
+
+def check_payload_size(data: bytes, what: str) -> bytes:
+    """Return ``data``, or raise :class:`SerializationError` if it exceeds the message limit."""
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise SerializationError(
+            f"{what} is {len(data) / 2**20:.1f} MiB once pickled, over the "
+            f"{MAX_PAYLOAD_BYTES / 2**20:.0f} MiB limit of a control-plane message; "
+            "keep large data in the shared arena rather than shipping it by value"
+        )
+    return data
+
+
+def encode_exception(exc: BaseException) -> dict[str, Any]:
+    """Fields of a ``RunTaskReply`` describing ``exc`` (pickled form, traceback text, type, message)."""
+    tb = exc.__traceback__
+    tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb  # drop the worker's frame
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    try:
+        blob = dumps(exc)
+        if len(blob) > MAX_PAYLOAD_BYTES // 2:
+            blob = b""
+    except Exception:  # noqa: BLE001 - unpicklable: the driver gets a TaskError
+        blob = b""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001
+        message = "<unprintable>"
+    cls = type(exc)
+    return {
+        "error": blob,
+        "traceback": text,
+        "error_type": f"{cls.__module__}.{cls.__qualname__}",
+        "error_message": message,
+    }
+
+
+def decode_exception(blob: bytes, tb: str, type_name: str, message: str) -> Exception:
+    """Re-create a task's exception in the driver, with the remote traceback attached.
+
+    The same type when it unpickles to an ``Exception``; otherwise a :class:`TaskError`.
+    The traceback is both ``exc.remote_traceback`` and ``exc.__cause__`` (a
+    :class:`RemoteTraceback`).
+    """
+    exc: Exception | None = None
+    if blob:
+        try:
+            obj = loads(blob)
+        except Exception:  # noqa: BLE001 - e.g. a class the driver cannot import
+            obj = None
+        if isinstance(obj, Exception):
+            exc = obj
+    if exc is None:
+        exc = TaskError(type_name, message, tb)
+    with contextlib.suppress(AttributeError):  # exceptions with __slots__ or read-only attributes
+        exc.__cause__ = RemoteTraceback(tb)
+        exc.remote_traceback = tb
+    return exc

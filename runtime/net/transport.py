@@ -1,0 +1,240 @@
+"""gRPC plumbing of the control plane: servers, channels, tokens, wire helpers.
+
+Every call carries the cluster token and the protocol version as metadata; a
+server interceptor checks both on every service (``UNAUTHENTICATED`` for a
+missing or wrong token, ``FAILED_PRECONDITION`` for another protocol version).
+Messages are bounded by :data:`MAX_MESSAGE_BYTES` in both directions. With
+``tls`` (a :class:`~clamor.runtime.credentials.TLSMaterial`), servers and
+channels use mutual TLS with the cluster's own CA, and channels check the
+server's certificate against :data:`TLS_SERVER_NAME`.
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from concurrent import futures
+from typing import Any
+
+import grpc
+from clamor.runtime.credentials import TLS_SERVER_NAME, TLSMaterial
+
+logger = logging.getLogger("clamor.transport")
+
+#: Version of the control-plane protocol (runtime/net/proto/clamor.proto, package clamor.v1).
+PROTOCOL_VERSION = "1"
+TOKEN_METADATA_KEY = "x-clamor-token"
+PROTOCOL_METADATA_KEY = "x-clamor-protocol"
+
+#: Largest gRPC message sent or received, either way.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Keepalive: a call to a host whose link was cut (no RST ever comes) fails with
+    # UNAVAILABLE ~10 s later instead of at its deadline (up to 600 s): ping every 5 s
+    # while calls are active, give up after 5 s; servers accept pings that often.
+    ("grpc.keepalive_time_ms", 5000),
+    ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 4000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+# --- addresses and tokens -----------------------------------------------------
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, with brackets around an IPv6 host."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """Inverse of :func:`format_address`."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+# --- servers --------------------------------------------------------------------
+
+
+class _AuthInterceptor(grpc.ServerInterceptor):
+    """Refuses calls without the cluster token or with another protocol version."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    def intercept_service(self, continuation, details):
+        metadata = dict(details.invocation_metadata or ())
+        token = metadata.get(TOKEN_METADATA_KEY)
+        version = metadata.get(PROTOCOL_METADATA_KEY)
+        if token is None:
+            refusal = (grpc.StatusCode.UNAUTHENTICATED, "missing cluster token (x-clamor-token)")
+        elif not hmac.compare_digest(str(token).encode(), self._token):
+            refusal = (
+                grpc.StatusCode.UNAUTHENTICATED,
+                "invalid cluster token (a token file from another cluster?)",
+            )
+        elif version != PROTOCOL_VERSION:
+            theirs = "no protocol version" if version is None else f"protocol version {version}"
+            refusal = (
+                grpc.StatusCode.FAILED_PRECONDITION,
+                (
+                    f"protocol version mismatch: the client sent {theirs}, "
+                    f"this server speaks protocol version {PROTOCOL_VERSION}"
+                ),
+            )
+        else:
+            return continuation(details)
+        return _refusing_handler(continuation(details), details.method, *refusal)
+
+
+def _refusing_handler(handler, method: str, code: grpc.StatusCode, message: str):
+    if handler is None:
+        return None
+
+    def refuse(request_or_iterator, context):
+        logger.warning("refused %s from %s: %s", method, context.peer(), message)
+        context.abort(code, message)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse)
+    return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+#: Name prefix of the threads that run a server's handlers.
+_HANDLER_THREADS = "clamor-grpc"
+
+
+class Server:
+    """A started gRPC server and the thread pool its handlers run on.
+
+    grpc's own ``stop`` leaves the pool's threads behind (it does not own the pool);
+    :meth:`stop` ends both, so a closed cluster keeps no handler thread.
+    """
+
+    def __init__(self, server: grpc.Server, pool: futures.ThreadPoolExecutor) -> None:
+        self._server = server
+        self._pool = pool
+
+    def stop(self, grace: float | None = None, timeout: float = 5.0, *, join: bool = True) -> None:
+        """Refuse new calls, give calls in flight ``grace`` seconds (None: cancel them),
+        then (``join``) wait for the handlers still running to return. From one of those
+        handlers (a cluster collected on a handler thread) it does not wait: a thread
+        cannot join itself; the pool's threads end once their handlers return."""
+        self._server.stop(grace).wait(timeout)
+        in_handler = threading.current_thread().name.startswith(_HANDLER_THREADS)
+        self._pool.shutdown(wait=join and not in_handler, cancel_futures=True)
+
+
+def create_server(
+    token: str,
+    services: Iterable[tuple[Callable[[Any, grpc.Server], None], Any]],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_workers: int = 8,
+    tls: TLSMaterial | None = None,
+) -> tuple[Server, str]:
+    """Start a gRPC server on ``host:port`` (0: any free port) that checks the token.
+
+    ``services`` are ``(add_XServicer_to_server, servicer)`` pairs. With ``tls``,
+    the server accepts only TLS clients presenting a certificate of the cluster's
+    CA. Returns the started server and its ``host:port`` address.
+    """
+    pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=_HANDLER_THREADS)
+    server = grpc.server(pool, interceptors=[_AuthInterceptor(token)], options=_CHANNEL_OPTIONS)
+    for add, servicer in services:
+        add(servicer, server)
+    where = format_address(host, port)
+    if tls is None:
+        bound = server.add_insecure_port(where)
+    else:
+        credentials = grpc.ssl_server_credentials(
+            [(tls.key, tls.cert)], root_certificates=tls.ca, require_client_auth=True
+        )
+        bound = server.add_secure_port(where, credentials)
+    if not bound:
+        pool.shutdown(wait=False)
+        raise OSError(f"cannot listen on {format_address(host, port)}")
+    server.start()
+    return Server(server, pool), format_address(host, bound)
+
+
+# --- channels -------------------------------------------------------------------
+
+_Details = collections.namedtuple(
+    "_Details", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+)
+
+
+class _CallDetails(_Details, grpc.ClientCallDetails):
+    pass
+
+
+class _MetadataInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds the token and protocol version to every call."""
+
+    def __init__(self, metadata: list[tuple[str, str]]) -> None:
+        self._metadata = metadata
+
+    def _with_metadata(self, d):
+        return _CallDetails(
+            d.method,
+            d.timeout,
+            list(d.metadata or ()) + self._metadata,
+            d.credentials,
+            getattr(d, "wait_for_ready", None),
+            getattr(d, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_metadata(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_metadata(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._with_metadata(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._with_metadata(details), request_iterator)
+
+
+def connect(
+    address: str,
+    token: str,
+    *,
+    tls: TLSMaterial | None = None,
+    protocol: str = PROTOCOL_VERSION,
+) -> grpc.Channel:
+    """A channel to ``address`` whose every call carries ``token`` and ``protocol``.
+
+    With ``tls``: a mutual-TLS channel that trusts only the cluster's CA.
+    """
+    if tls is None:
+        channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    else:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
+        )
+        options = _CHANNEL_OPTIONS + [("grpc.ssl_target_name_override", TLS_SERVER_NAME)]
+        channel = grpc.secure_channel(address, credentials, options=options)
+    metadata = [(TOKEN_METADATA_KEY, token), (PROTOCOL_METADATA_KEY, protocol)]
+    return grpc.intercept_channel(channel, _MetadataInterceptor(metadata))

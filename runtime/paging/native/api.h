@@ -1,0 +1,172 @@
+/* The public C API of clamor's native module.
+ *
+ * This file is read twice: by the C compiler (through clamor.h) and by cffi's
+ * cdef (build.py strips the preprocessor lines), so it holds only plain
+ * declarations. Every function is safe to call without the GIL unless its
+ * comment says otherwise. Errors: functions returning int use 0 for success
+ * and -1 for failure with a message in the caller's `err` buffer.
+ */
+
+/* ---------------------------------------------------------------- arena --
+ * One arena per process: a contiguous virtual region divided into pages.
+ * On the driver it is backed by a memfd (shared with same-host workers);
+ * the allocator's metadata lives outside the arena (malloc'd), so that
+ * allocating and freeing never write to arena pages. */
+
+typedef struct {
+    uint64_t size;              /* bytes reserved */
+    uint64_t used;              /* bytes in live blocks (rounded sizes) */
+    uint64_t free;              /* size - used */
+    uint64_t high_water;        /* first byte never handed out (offset) */
+    uint64_t allocations;       /* live blocks */
+    uint64_t large_align;       /* alignment of blocks >= large_align */
+    uint64_t last_failed_request; /* bytes of the last request that failed, 0 if none */
+} clamor_arena_stats;
+
+int clamor_arena_create(uint64_t size, uint64_t large_align, char *err, size_t errlen);
+int clamor_arena_exists(void);
+void *clamor_arena_base(void);
+uint64_t clamor_arena_size(void);
+int clamor_arena_fd(void);
+void *clamor_arena_alloc(uint64_t nbytes);
+void *clamor_arena_calloc(uint64_t nmemb, uint64_t size);
+void *clamor_arena_realloc(void *ptr, uint64_t nbytes);
+void clamor_arena_free(void *ptr);
+int clamor_arena_contains(const void *ptr);
+uint64_t clamor_arena_block_size(const void *ptr);
+void clamor_arena_get_stats(clamor_arena_stats *out);
+
+/* NEP 49 numpy memory handler routing numpy allocations to the arena.
+ * These take the GIL themselves (cffi releases it around calls). The
+ * `_large` variant routes only requests of at least `min_bytes` bytes
+ * there (smaller ones go to libc). */
+int clamor_numpy_handler_init(void);
+void *clamor_numpy_handler_push(void);
+void *clamor_numpy_handler_push_large(uint64_t min_bytes);
+int clamor_numpy_handler_pop(void *previous);
+
+/* ------------------------------------------------------------------ TLS --
+ * Optional mutual TLS on every page-protocol connection: the cluster CA, and
+ * the certificate and private key every server and client presents (PEM text
+ * in memory, not necessarily NUL-terminated). Pass NULL for plaintext. */
+
+typedef struct {
+    const char *ca;
+    size_t ca_len;
+    const char *cert;
+    size_t cert_len;
+    const char *key;
+    size_t key_len;
+} clamor_tls_pem;
+
+/* ----------------------------------------------------------- driver pager --
+ * Write tracking, page versions, the version log, the directory of which
+ * worker holds which page, and the driver's page server thread. */
+
+typedef struct {
+    uint64_t page_size;
+    uint64_t num_pages;
+    uint64_t epoch;
+    uint64_t requests;          /* GET requests received */
+    uint64_t redirects;         /* answered with REDIRECT */
+    uint64_t pages_served;
+    uint64_t bytes_served;      /* by the driver's page server (TCP) */
+    uint64_t shm_bytes;         /* read by same-host workers from the memfd */
+    uint64_t peer_bytes;        /* reported by workers as served by peers */
+    uint64_t cow_copies;        /* pages copied into the version log */
+    uint64_t version_log_bytes;
+    uint64_t version_log_entries;
+    uint64_t invalidations;     /* page invalidations announced */
+    uint64_t auth_failures;
+    uint64_t bad_requests;
+    uint64_t stage_running;
+    uint64_t evictions_told;    /* CL_HAVE_DROPPED notices: a worker evicted a page for room */
+} clamor_driver_stats;
+
+int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_len,
+                        const char *bind_host, int port, int replication,
+                        const clamor_tls_pem *tls, char *err, size_t errlen);
+int clamor_driver_port(void);
+int clamor_driver_state_fd(void);
+void clamor_driver_stop(void);
+uint32_t clamor_driver_begin_stage(void);
+uint64_t clamor_driver_invalidated(uint64_t *out, uint64_t cap);
+void clamor_driver_end_stage(void);
+int clamor_driver_set_peer(int worker_id, const char *host, int port);
+void clamor_driver_drop_worker(int worker_id);
+void clamor_driver_get_stats(clamor_driver_stats *out);
+uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests,
+                                  uint64_t *driver_bytes, uint64_t *peer_bytes,
+                                  uint32_t *holders, uint32_t *version);
+int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out);
+/* The directory's holder sets (bit w: worker w holds the current version) of pages
+ * [first, first + n); returns how many were filled (fewer past the arena's end). */
+uint64_t clamor_driver_page_holders(uint64_t first, uint64_t n, uint64_t *sets);
+/* Frees version-log entries that no epoch >= floor reads; returns the bytes freed.
+ * The floor only rises; requests for older epochs are refused from then on. */
+uint64_t clamor_driver_trim_log(uint32_t floor);
+
+/* Exit statuses of a worker whose fault handler cannot go on (the faulting
+ * thread cannot be given an exception); runtime/exitcodes.py names them. */
+enum {
+    CLAMOR_EXIT_DRIVER_UNREACHABLE = 70,
+    CLAMOR_EXIT_PAGE_ERROR = 73
+};
+
+/* ----------------------------------------------------------- worker pager --
+ * The reserved arena range, the userfaultfd handler thread that fetches and
+ * installs pages read-only, per-task read sets, and the worker's page server. */
+
+typedef struct {
+    uint64_t faults;            /* missing-page faults (a fetch was needed) */
+    uint64_t soft_faults;       /* minor faults on cached pages (read-set tracking) */
+    uint64_t pages_fetched;
+    uint64_t bytes_fetched;
+    uint64_t from_shm;          /* pages copied from the driver's memfd */
+    uint64_t from_driver;       /* pages received from the driver over TCP */
+    uint64_t from_peers;        /* pages received from peers */
+    uint64_t redirects;
+    uint64_t peer_fallbacks;    /* redirects whose peer failed: refetched from the driver */
+    uint64_t readahead_pages;
+    uint64_t cached_pages;
+    uint64_t invalidations;
+    uint64_t pages_served;      /* by this worker's page server to peers */
+    uint64_t bytes_served;
+    uint64_t auth_failures;
+    uint64_t bad_requests;
+    uint64_t evictions;         /* pages evicted to stay under the cache limit (not invalidations) */
+    uint64_t cache_limit_pages; /* 0: unlimited */
+} clamor_worker_stats;
+
+int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,
+                        const uint8_t *token, size_t token_len,
+                        const char *driver_host, int driver_port,
+                        const char *shm_arena_path, const char *shm_state_path,
+                        const char *bind_host, int readahead,
+                        const clamor_tls_pem *tls, char *err, size_t errlen);
+void *clamor_worker_base(void);
+int clamor_worker_port(void);
+void clamor_worker_begin_task(uint32_t epoch);
+uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t cap);
+void clamor_worker_invalidate(uint32_t epoch, const uint64_t *pages, uint64_t n);
+void clamor_worker_get_stats(clamor_worker_stats *out);
+int clamor_worker_touch(uint64_t offset, uint64_t length);
+/* Caps the page cache at `pages` pages (0: unlimited); call after start. Pages
+ * beyond it are evicted with CLOCK before a new one is installed, and the
+ * driver's directory is told. Lowering it takes effect at the next install. */
+void clamor_worker_set_cache_limit(uint64_t pages);
+
+/* ---------------------------------------------------------- checkpoints --
+ * (runtime/data/checkpoint.py; issue 4 item 5) Save and re-create the arena's
+ * live extent blocks at the same offsets. Slab objects (requests below the
+ * page size) are not listed: ArenaRefs only name arrays of at least a page.
+ *
+ * list_blocks: fills up to `cap` (offset, size) pairs, in offset order, and
+ * returns how many blocks there are (call again with a larger buffer if that
+ * is more than `cap`). Sizes are the blocks' usable sizes (4 KiB multiples).
+ * reserve: marks [offset, offset + nbytes) as one live block, as if it had
+ * been allocated there (free it with clamor_arena_free(base + offset)); -1
+ * and a message if the range is not 4 KiB aligned, leaves the arena, or
+ * overlaps anything already allocated. */
+uint64_t clamor_arena_list_blocks(uint64_t *offsets, uint64_t *sizes, uint64_t cap);
+int clamor_arena_reserve(uint64_t offset, uint64_t nbytes, char *err, size_t errlen);

@@ -1,0 +1,336 @@
+"""Python face of the native pagers (runtime/paging/native/driver_pager.c, worker_pager.c).
+
+`DriverPager` and `WorkerPager` implement the `DriverPaging` / `WorkerPaging`
+protocols of `paging_api`: the control plane calls them at stage and task
+boundaries, while page faults, fetches and page serving all happen in native
+threads. This module only checks inputs, turns C errors into exceptions and
+converts counters into plain dicts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import numpy as np
+from clamor.runtime.credentials import TLSMaterial
+from clamor.runtime.errors import ClamorError
+from clamor.runtime.paging import arena
+from clamor.runtime.paging.native import _native
+
+ffi, lib = _native.ffi, _native.lib
+
+TRANSPORTS = ("auto", "shm", "tcp")
+_ERRLEN = 512
+MIN_CACHE_PAGES = 4  # a non-zero page-cache budget is never below this many pages
+_worker_pager: WorkerPager | None = None
+
+
+class PagingError(ClamorError):
+    """The native pager could not start or was misused."""
+
+
+def _struct_dict(cdata: Any, ctype: str) -> dict[str, int]:
+    return {name: int(getattr(cdata, name)) for name, _ in ffi.typeof(ctype).fields}
+
+
+def _tls_pem(tls: TLSMaterial | None) -> tuple[Any, list]:
+    """A ``clamor_tls_pem *`` for the native side (NULL without TLS) and the buffers it points into."""
+    if tls is None:
+        return ffi.NULL, []
+    if not isinstance(tls, TLSMaterial):
+        raise TypeError(f"tls must be a TLSMaterial or None, not {type(tls).__name__}")
+    parts = []
+    for name in ("ca", "cert", "key"):
+        pem = getattr(tls, name)
+        if not isinstance(pem, bytes) or b"-----BEGIN" not in pem:
+            raise ValueError(f"TLS {name} must be PEM bytes")
+        parts.append(ffi.from_buffer(pem))
+    pem = ffi.new("clamor_tls_pem *")
+    pem.ca, pem.ca_len = parts[0], len(parts[0])
+    pem.cert, pem.cert_len = parts[1], len(parts[1])
+    pem.key, pem.key_len = parts[2], len(parts[2])
+    return pem, parts
+
+
+def _is_local(host: str) -> bool:
+    """True when `host` names this machine (so shared memory can be used)."""
+    if host in ("127.0.0.1", "localhost", socket.gethostname()):
+        return True
+    try:
+        return socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+
+
+class DriverPager:
+    """The driver's pager: versions, write tracking, directory and page server.
+
+    One per process (the native side is a singleton), owned by a `Cluster`.
+    With ``tls``, every page-protocol connection in the cluster (to the driver
+    and between workers) is mutual TLS with the cluster CA, then the token.
+    """
+
+    def __init__(
+        self,
+        *,
+        page_size: int | None = None,
+        token: bytes,
+        host: str = "127.0.0.1",
+        transport: str = "auto",
+        replication: bool = True,
+        readahead: bool = True,
+        tls: TLSMaterial | None = None,
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        if not token:
+            raise ValueError("the page protocol needs a non-empty cluster token")
+        if lib.clamor_driver_port() >= 0:
+            raise PagingError(
+                "the driver pager is already running: another clamor.Cluster shares this "
+                "process's arena; close it first (one paging cluster per process)"
+            )
+        arena.get_arena()
+        self.page_size = int(page_size or arena.page_size())
+        self.arena_size = int(lib.clamor_arena_size())
+        self.host, self.transport = host, transport
+        self.readahead = readahead
+        self._token = bytes(token)
+        self.tls = tls
+        pem, _keep = _tls_pem(tls)
+        err = ffi.new("char[]", _ERRLEN)
+        port = lib.clamor_driver_start(
+            self.page_size, self._token, len(self._token), host.encode(), 0, int(replication), pem, err, _ERRLEN
+        )
+        if port < 0:
+            raise PagingError(f"cannot start the driver pager: {ffi.string(err).decode()}")
+        self.port = int(port)
+        self._closed = False
+        self._final_stats: dict | None = None
+
+    # -- DriverPaging -----------------------------------------------------
+    def worker_config(self, worker_id: int, host: str) -> dict:
+        config = {
+            "paging_factory": "clamor.runtime.paging.pager:WorkerPager",
+            "arena_size": self.arena_size,
+            "page_size": self.page_size,
+            "page_token": self._token.hex(),
+            "driver_host": self.host,
+            "driver_page_port": self.port,
+            "bind_host": host,
+            "readahead": self.readahead,
+        }
+        if self.tls is not None:  # the config travels over the (then TLS) control plane
+            config["page_tls"] = self.tls.to_json()
+        if self.transport == "shm" or (self.transport == "auto" and _is_local(host)):
+            pid = os.getpid()
+            config["shm_arena_path"] = f"/proc/{pid}/fd/{lib.clamor_arena_fd()}"
+            config["shm_state_path"] = f"/proc/{pid}/fd/{lib.clamor_driver_state_fd()}"
+        return config
+
+    def worker_ready(self, worker_id: int, info: dict) -> None:
+        if lib.clamor_driver_set_peer(worker_id, info["host"].encode(), int(info["page_port"])):
+            raise PagingError(f"worker {worker_id}: bad page server address {info['host']}:{info['page_port']}")
+
+    def begin_stage(self) -> tuple[int, list[int]]:
+        self._check_open()
+        epoch = int(lib.clamor_driver_begin_stage())
+        n = int(lib.clamor_driver_invalidated(ffi.NULL, 0))
+        buf = ffi.new("uint64_t[]", max(n, 1))
+        lib.clamor_driver_invalidated(buf, n)
+        return epoch, [int(buf[i]) for i in range(n)]
+
+    def end_stage(self) -> None:
+        lib.clamor_driver_end_stage()
+
+    def worker_lost(self, worker_id: int) -> None:
+        lib.clamor_driver_drop_worker(worker_id)
+
+    def trim_versions(self, floor: int) -> int:
+        """Free the version-log entries no epoch >= ``floor`` reads; return the bytes freed.
+
+        Stages at older epochs are refused from then on (never served wrong bytes).
+        """
+        return int(lib.clamor_driver_trim_log(max(0, min(int(floor), 2**32 - 1))))
+
+    def stats(self) -> dict:
+        """The counters; after :meth:`close`, their last values."""
+        if self._final_stats is not None:
+            return self._final_stats
+        out = ffi.new("clamor_driver_stats *")
+        lib.clamor_driver_get_stats(out)
+        raw = _struct_dict(out[0], "clamor_driver_stats")
+        return {
+            "page_size": raw["page_size"],
+            "arena_bytes": self.arena_size,
+            "epoch": raw["epoch"],
+            "bytes_served_by_driver": raw["bytes_served"] + raw["shm_bytes"],
+            "bytes_served_by_peers": raw["peer_bytes"],
+            "invalidations": raw["invalidations"],
+            "version_log_bytes": raw["version_log_bytes"],
+            "driver": raw,
+        }
+
+    def close(self) -> None:
+        """Stop the page server and free the tables. The native side waits for calls in
+        flight on other threads; calls after this find no pages (``page_stats`` and
+        ``cached_bytes`` empty, ``stats`` the last values, the rest ``PagingError``)."""
+        if not self._closed:
+            self._closed = True
+            self._final_stats = self.stats()
+            lib.clamor_driver_stop()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PagingError("the driver pager is closed (its cluster was closed)")
+
+    # -- inspection -------------------------------------------------------
+    def page_stats(self, first: int = 0, count: int | None = None) -> dict[str, np.ndarray]:
+        """Per-page counters for pages [first, first + count)."""
+        if count is None:
+            count = self.used_pages() - first
+        count = max(0, int(count))
+        arrays = {
+            "requests": np.zeros(count, np.uint64),
+            "driver_bytes": np.zeros(count, np.uint64),
+            "peer_bytes": np.zeros(count, np.uint64),
+            "holders": np.zeros(count, np.uint32),
+            "version": np.zeros(count, np.uint32),
+        }
+        if count:
+            ptr = {k: ffi.from_buffer(("uint64_t[]" if v.dtype == np.uint64 else "uint32_t[]"), v) for k, v in arrays.items()}
+            lib.clamor_driver_page_stats(
+                first, count, ptr["requests"], ptr["driver_bytes"], ptr["peer_bytes"], ptr["holders"], ptr["version"]
+            )
+        return arrays
+
+    def cached_bytes(self, reads: tuple[tuple[int, int], ...]) -> dict[int, int]:
+        """Worker -> bytes of the pages of these arena byte ranges ``(offset, nbytes)``
+        whose current version it caches, by the directory (placement by pages)."""
+        cached: dict[int, int] = {}
+        for offset, nbytes in reads:
+            first = int(offset) // self.page_size
+            count = max(0, -(-(int(offset) + int(nbytes)) // self.page_size) - first)
+            if not count:
+                continue
+            sets = np.zeros(count, np.uint64)
+            n = int(lib.clamor_driver_page_holders(first, count, ffi.from_buffer("uint64_t[]", sets)))
+            sets = sets[:n]
+            present = int(np.bitwise_or.reduce(sets)) if n else 0
+            for worker in (w for w in range(64) if present >> w & 1):  # one pass per holder
+                held = int(np.count_nonzero(sets & np.uint64(1 << worker)))
+                cached[worker] = cached.get(worker, 0) + held * self.page_size
+        return cached
+
+    def used_pages(self) -> int:
+        """Pages up to the arena's high-water mark (everything ever handed out)."""
+        return -(-arena.arena_stats()["high_water"] // self.page_size)
+
+    def read_version(self, page: int, epoch: int) -> bytes:
+        """The bytes of `page` as a task of stage `epoch` reads them (from the version log if needed)."""
+        self._check_open()
+        out = ffi.new("uint8_t[]", self.page_size)
+        rc = lib.clamor_driver_read_version(page, epoch, out)
+        if rc < 0:
+            raise PagingError(f"page {page} at epoch {epoch}: {'page out of range' if rc == -2 else 'no such version'}")
+        return ffi.buffer(out)[:]
+
+
+class WorkerPager:
+    """A worker's pager: the read-only arena range, its fault handler and page server."""
+
+    def __init__(self, worker_id: int, config: dict) -> None:
+        global _worker_pager
+        if _worker_pager is not None:
+            raise PagingError("this process already has a worker pager")
+        self.worker_id = worker_id
+        self.page_size = int(config["page_size"])
+        self.arena_size = int(config["arena_size"])
+        self.bind_host = config.get("bind_host", "127.0.0.1")
+        token = bytes.fromhex(config["page_token"])
+        tls = TLSMaterial.from_json(config["page_tls"]) if config.get("page_tls") else None
+        pem, _keep = _tls_pem(tls)
+        err = ffi.new("char[]", _ERRLEN)
+        shm_arena = (config.get("shm_arena_path") or "").encode()
+        shm_state = (config.get("shm_state_path") or "").encode()
+        port = lib.clamor_worker_start(
+            worker_id, self.arena_size, self.page_size, token, len(token),
+            config["driver_host"].encode(), int(config["driver_page_port"]),
+            shm_arena, shm_state, self.bind_host.encode(), int(bool(config.get("readahead", True))),
+            pem, err, _ERRLEN,
+        )  # fmt: skip
+        if port < 0:
+            raise PagingError(f"worker {worker_id}: cannot start the pager: {ffi.string(err).decode()}")
+        self.port = int(port)
+        self.uses_shm = bool(shm_arena)
+        self.tls = tls is not None
+        self.cache_limit_pages = cache_limit_pages(int(config.get("page_cache_bytes") or 0), self.page_size)
+        lib.clamor_worker_set_cache_limit(self.cache_limit_pages)
+        base = lib.clamor_worker_base()
+        view = np.frombuffer(ffi.buffer(base, self.arena_size), dtype=np.uint8)
+        view.flags.writeable = False
+        self._bytes = view
+        _worker_pager = self
+
+    def info(self) -> dict:
+        return {
+            "host": self.bind_host,
+            "page_port": self.port,
+            "shm": self.uses_shm,
+            "tls": self.tls,
+            "cache_limit_pages": self.cache_limit_pages,
+        }
+
+    def begin_task(self, epoch: int) -> None:
+        lib.clamor_worker_begin_task(epoch)
+
+    def end_task(self) -> list[tuple[int, int]]:
+        n = int(lib.clamor_worker_end_task(ffi.NULL, ffi.NULL, 0))
+        pages, versions = ffi.new("uint64_t[]", max(n, 1)), ffi.new("uint32_t[]", max(n, 1))
+        n = min(n, int(lib.clamor_worker_end_task(pages, versions, n)))
+        return sorted((int(pages[i]), int(versions[i])) for i in range(n))
+
+    def invalidate(self, epoch: int, pages: list[int]) -> None:
+        buf = ffi.new("uint64_t[]", list(pages) or [0])
+        lib.clamor_worker_invalidate(epoch, buf, len(pages))
+
+    def stats(self) -> dict:
+        out = ffi.new("clamor_worker_stats *")
+        lib.clamor_worker_get_stats(out)
+        return _struct_dict(out[0], "clamor_worker_stats")
+
+    def array(self, offset: int, shape: tuple, dtype: np.dtype, strides: tuple) -> np.ndarray:
+        """A read-only, zero-copy view of arena bytes at `offset` (pages fault in on touch)."""
+        return np.ndarray(shape, dtype=dtype, buffer=self._bytes, offset=offset, strides=strides)
+
+    def contains(self, x: np.ndarray) -> bool:
+        """Whether ``x``'s data lies in this worker's arena mapping."""
+        start = self._bytes.__array_interface__["data"][0]
+        addr = x.__array_interface__["data"][0]
+        return start <= addr < start + self.arena_size
+
+    def touch(self, offset: int, length: int) -> None:
+        """Fault in [offset, offset + length) now, e.g. before handing it to a system call."""
+        if lib.clamor_worker_touch(offset, length):
+            raise PagingError(f"range {offset}+{length} is outside the arena")
+
+
+def cache_limit_pages(budget_bytes: int, page_size: int) -> int:
+    """The page-cache limit in whole pages for a budget in bytes (0: unlimited).
+
+    Rounded down, so the cache stays within the budget, but never below
+    MIN_CACHE_PAGES: the read-ahead batch is a quarter of the limit, and a
+    fault handler needs a page to evict besides the one it is installing.
+    """
+    if budget_bytes < 0:
+        raise ValueError(f"page_cache_bytes must be >= 0, not {budget_bytes}")
+    if budget_bytes == 0:
+        return 0
+    return max(MIN_CACHE_PAGES, budget_bytes // page_size)
+
+
+def worker_pager() -> WorkerPager | None:
+    """This process's worker pager, if it is a worker."""
+    return _worker_pager

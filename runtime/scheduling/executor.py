@@ -1,0 +1,540 @@
+"""The driver's thin loop around the scheduler state machine.
+
+Events (a stage submitted, tasks finished, a worker lost, partitions dropped)
+are queued to one thread, which feeds them to
+:class:`~clamor.runtime.scheduling.scheduler.SchedulerState` and carries out the
+instructions it returns: ``Launch`` and ``Cancel`` become gRPC calls to
+workers, ``StageDone`` / ``StageFailed`` resolve the waiting caller. All
+scheduling decisions live in the state machine; this module only does I/O.
+
+:meth:`Executor.execute` runs one stage inside the paging protocol
+(``paging_api``): a new epoch, page invalidations on every worker, the tasks,
+then ``end_stage``; the stage's accumulator updates are merged at its barrier,
+once per task index.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+from clamor.runtime.data import accumulators
+from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
+from clamor.runtime.net import shipping
+from clamor.runtime.net.proto import clamor_pb2 as pb
+from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.net.shipping import decode_exception
+from clamor.runtime.observe.telemetry import Telemetry
+from clamor.runtime.paging.paging_api import DriverPaging
+from clamor.runtime.scheduling.scheduler import (
+    Cancel,
+    Drop,
+    Launch,
+    PartitionsLost,
+    SchedulerState,
+    StageDone,
+    StageFailed,
+    TaskResult,
+)
+from clamor.runtime.stage import DRIVER, PartitionKey, StageSpec, TaskSpec
+from clamor.runtime.storage.bulk import BulkClient, fetch_partition
+from clamor.runtime.storage.partitions import (
+    PartitionStore,
+    decode_key,
+    encode_key,
+)
+
+logger = logging.getLogger("clamor.executor")
+T = TypeVar("T")
+
+#: How often a waiting stage checks that its workers are still alive.
+POLL_INTERVAL = 0.1
+
+
+@dataclasses.dataclass
+class _StageRun:
+    program: bytes
+    epoch: int
+    future: concurrent.futures.Future
+    name: str = ""
+    recompute: bool = False
+    sent_to: set[int] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    """A task result too large to travel inline: it waits on ``worker`` under ``key``."""
+
+    worker: int
+    key: PartitionKey
+
+
+class _Endpoint:
+    """A worker's stub and its sender thread: calls to one worker leave and finish in
+    order (a ``Cancel`` never overtakes the ``Launch`` it cancels), and blocking calls
+    on one thread cost less than gRPC futures, which spin up helper threads."""
+
+    def __init__(
+        self, worker: int, stub: pb_grpc.WorkerStub, address: str, bulk_address: str,
+        unreachable: Callable[[int, str], None],
+    ) -> None:  # fmt: skip
+        self.stub = stub
+        self.address = address
+        self.bulk_address = bulk_address
+        self._worker = worker
+        self._unreachable = unreachable
+        self._calls: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._send, name=f"clamor-send-{worker}", daemon=True)
+        self.thread.start()
+
+    def call(self, method: str, request: Any) -> None:
+        self._calls.put((method, request))
+
+    def close(self) -> None:
+        self._closed = True
+        self._calls.put(None)
+
+    def _send(self) -> None:
+        while (item := self._calls.get()) is not None:
+            method, request = item
+            try:
+                getattr(self.stub, method)(request, timeout=60)
+            except grpc.RpcError as error:
+                self._unreachable(self._worker, f"{method}: {error.code().name}: {error.details()}")
+                return  # nothing more goes to a worker that failed a call
+
+
+class Executor:
+    """Runs stages on the workers it is told about.
+
+    ``paging``: the driver pager (stage protocol). ``poll``: called while a stage
+    waits, to detect lost workers. ``unreachable(worker, error)``: a call to a
+    worker failed; the owner decides whether it is lost (and then calls
+    :meth:`worker_lost`). ``min_ref_bytes``: arena arrays at least this large
+    travel by reference. ``bulk``: fetches partitions from workers' bulk servers
+    (``None``: gRPC streams only, e.g. with TLS).
+    """
+
+    def __init__(
+        self,
+        paging: DriverPaging,
+        *,
+        poll: Callable[[], None],
+        unreachable: Callable[[int, str], None],
+        min_ref_bytes: Callable[[], int | None],
+        version_floor: Callable[[int], int] = lambda epoch: epoch,
+        window: int = 32,
+        speculation: bool = True,
+        speculation_factor: float = 2.0,
+        bulk: BulkClient | None = None,
+    ) -> None:
+        self._paging = paging
+        self._bulk = bulk
+        self._poll = poll
+        self._unreachable = unreachable
+        self._min_ref_bytes = min_ref_bytes
+        self._version_floor = version_floor
+        self._trimmed_floor = 0
+        self._state = SchedulerState(
+            window=window, speculation=speculation, speculation_factor=speculation_factor
+        )
+        self._events: queue.SimpleQueue[Callable[[SchedulerState], list] | None] = (
+            queue.SimpleQueue()
+        )
+        self._endpoints: dict[int, _Endpoint] = {}
+        self._stages: dict[int, _StageRun] = {}
+        self._stage_ids = itertools.count(1)
+        self._stage_lock = threading.Lock()
+        self.driver_store = PartitionStore()
+        #: The driver's own bulk server, serving ``driver_store`` ("": none, e.g. with TLS).
+        self.driver_bulk_address = ""
+        #: What the views read: attempts, stages and events (runtime/observe/telemetry.py).
+        self.telemetry = Telemetry()
+        self._closed = False
+        self.stages_run = 0
+        self.tasks_run = 0
+        self.last_read_sets: list[list[tuple[int, int]]] = []
+        self.last_epoch = 0
+        self._thread = threading.Thread(target=self._loop, name="clamor-scheduler", daemon=True)
+        self._thread.start()
+
+    # --- events ---
+
+    def _post(self, event: Callable[[SchedulerState], list]) -> None:
+        self._events.put(event)
+
+    def ask(self, question: Callable[[SchedulerState], T]) -> T:
+        """``question(state)``, answered on the loop's thread (the state is not thread-safe)."""
+        answer: list[T] = []
+        self._post_and_wait(lambda s: answer.append(question(s)) or [])
+        return answer[0]
+
+    def _post_and_wait(self, event: Callable[[SchedulerState], list]) -> None:
+        """Post ``event`` and wait until the loop has run it (and sent its instructions)."""
+        if self._closed:
+            raise ClamorError("the cluster is closed")
+        done = threading.Event()
+
+        def run(state: SchedulerState) -> list:
+            try:
+                return event(state)
+            finally:
+                done.set()
+
+        self._post(run)
+        while not done.wait(POLL_INTERVAL):
+            if self._closed:
+                raise ClamorError("the cluster is closed")
+
+    def _loop(self) -> None:
+        """Run events; those already queued are taken together so that their launches
+        to one worker go in one call (a batch of finished tasks refills in one go)."""
+        while True:
+            events = [self._events.get()]
+            while not self._events.empty() and len(events) < 1024:
+                events.append(self._events.get())
+            launches: dict[int, list] = {}
+            for event in events:
+                if event is None:
+                    return
+                try:
+                    for instruction in event(self._state):
+                        if isinstance(instruction, Launch):
+                            launches.setdefault(instruction.worker, []).extend(instruction.attempts)
+                            continue
+                        self._flush(launches)
+                        self._carry_out(instruction)
+                except Exception:
+                    logger.exception("scheduler event failed")
+            self._flush(launches)
+
+    def _flush(self, launches: dict[int, list]) -> None:
+        for worker, attempts in launches.items():
+            self._launch(Launch(worker, tuple(attempts)))
+        launches.clear()
+
+    def worker_added(
+        self, worker: int, stub: pb_grpc.WorkerStub, address: str, bulk_address: str = ""
+    ) -> None:
+        self._endpoints[worker] = _Endpoint(worker, stub, address, bulk_address, self._unreachable)
+        self.telemetry.worker_added(worker)
+        self._post(lambda s: s.worker_added(worker, now=time.monotonic()))
+
+    def worker_lost(self, worker: int, error: WorkerLostError) -> None:
+        endpoint = self._endpoints.get(worker)
+        if endpoint is not None:
+            endpoint.close()
+        self.telemetry.worker_lost(worker, str(error))
+        self._post(lambda s: s.worker_lost(worker, error, now=time.monotonic()))
+
+    def task_finished(
+        self, worker: int, reports: Iterable[pb.TaskReport], moved: Iterable[pb.PartitionMove] = ()
+    ) -> None:
+        """The Scheduler's ``TaskFinished``: decode each report into an event, then the
+        partitions the worker spilled (after the outputs those reports register)."""
+        now = time.monotonic()
+        for report in reports:
+            self.tasks_run += 1
+            self.telemetry.finished(report.attempt_id, report.status == pb.OK, report.duration)
+            if report.status == pb.OK:
+                try:
+                    result = self._decode_result(worker, report)
+                except Exception as exc:  # noqa: BLE001 - whatever the unpickler raises
+                    error = SerializationError(
+                        f"the result of a task on worker {worker} cannot be unpickled in the "
+                        f"driver: {type(exc).__name__}: {exc}"
+                    )
+                    self._post(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e, now=now))
+                else:
+                    self._post(lambda s, r=result: s.task_finished(worker, r, now=now))
+            else:
+                error = decode_exception(
+                    report.error, report.traceback, report.error_type, report.error_message
+                )
+                self._post(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e, now=now))
+        moves = {decode_key(m.key): (m.holder, m.tier, m.nbytes) for m in moved}
+        if moves:
+            self._post(lambda s: s.partitions_moved(worker, moves))
+
+    @staticmethod
+    def _decode_result(worker: int, report: pb.TaskReport) -> TaskResult:
+        if report.value_key:
+            value: Any = _Kept(worker, decode_key(report.value_key))
+        else:
+            value = shipping.loads(report.value) if report.value else None
+        return TaskResult(
+            index=report.index,
+            worker=worker,
+            attempt=report.attempt_id,
+            value=value,
+            outputs={decode_key(o.key): o.nbytes for o in report.outputs},
+            accumulator_updates=report.accumulators or {},
+            read_set=tuple((pv.page, pv.version) for pv in report.read_set),
+            duration=report.duration,
+        )
+
+    # --- instructions ---
+
+    def _carry_out(self, instruction: Any) -> None:
+        if isinstance(instruction, Cancel):
+            self.telemetry.cancelled(instruction.attempts)
+            request = pb.CancelRequest(attempt_ids=list(instruction.attempts))
+            self._call(instruction.worker, "Cancel", request)
+        elif isinstance(instruction, StageDone | StageFailed):
+            run = self._stages.pop(instruction.stage, None)
+            error = instruction.error if isinstance(instruction, StageFailed) else None
+            self.telemetry.stage_ended(instruction.stage, error)
+            if run is not None and not run.future.done():
+                if isinstance(instruction, StageDone):
+                    run.future.set_result(list(instruction.results))
+                else:
+                    run.future.set_exception(instruction.error)
+        elif isinstance(instruction, Drop):
+            if instruction.worker == DRIVER:
+                self.driver_store.drop(instruction.keys)
+            else:
+                request = pb.DropRequest(keys=[encode_key(k) for k in instruction.keys])
+                self._call(instruction.worker, "DropPartitions", request)
+        elif isinstance(instruction, PartitionsLost):
+            logger.warning("%d partition(s) lost with their worker", len(instruction.keys))
+
+    def _launch(self, launch: Launch) -> None:
+        by_stage: dict[int, list] = {}
+        for attempt in launch.attempts:
+            by_stage.setdefault(attempt.stage, []).append(attempt)
+        for stage, attempts in by_stage.items():
+            run = self._stages.get(stage)
+            if run is None:
+                continue
+            request = pb.LaunchRequest(stage_id=stage, epoch=run.epoch)
+            if launch.worker not in run.sent_to:
+                request.program = run.program
+                run.sent_to.add(launch.worker)
+            for attempt in attempts:
+                request.attempts.append(self._assignment(attempt))
+            self.telemetry.launched(launch.worker, attempts, run.name, run.recompute)
+            self._call(launch.worker, "Launch", request)
+
+    def _assignment(self, attempt: Any) -> pb.Assignment:
+        spec = attempt.spec
+        inputs = []
+        for key in spec.inputs:
+            holder = attempt.locations[key]
+            endpoint = self._endpoints.get(holder)
+            address, bulk = (endpoint.address, endpoint.bulk_address) if endpoint else ("", "")
+            if holder == DRIVER:
+                bulk = self.driver_bulk_address
+            inputs.append(pb.InputLocation(key=encode_key(key), holder=holder, address=address,
+                                           bulk_address=bulk))  # fmt: skip
+        return pb.Assignment(
+            attempt_id=attempt.id,
+            index=attempt.index,
+            inputs=inputs,
+            output=encode_key(spec.output) if spec.output is not None else b"",
+            reply=spec.reply,
+        )
+
+    def _call(self, worker: int, method: str, request: Any) -> None:
+        """Call ``method`` on ``worker`` without waiting; a failure reports it unreachable."""
+        endpoint = self._endpoints.get(worker)
+        if endpoint is not None:
+            endpoint.call(method, request)
+
+    # --- stages ---
+
+    def execute(self, stage: StageSpec, live: Callable[[], list[int]]) -> list[Any]:
+        """Run ``stage`` to its barrier; the ``reply`` values in task index order.
+
+        ``live``: the current live worker ids (for page invalidation). The program
+        is pickled before anything is sent (a :class:`SerializationError` names
+        the culprit). A task error, a lost worker or a missing input fails the
+        whole stage with that error once the scheduler says so; a
+        ``KeyboardInterrupt`` cancels the stage and propagates.
+        """
+        program = shipping.pack_program(stage.program, self._min_ref_bytes())
+        if stage.epoch is not None and stage.epoch < self._trimmed_floor:
+            raise ClamorError(
+                f"cannot replay epoch {stage.epoch}: its page versions were freed (the "
+                f"version log keeps epochs >= {self._trimmed_floor}, and the ones pinned "
+                "by keep_versions or by lineage)"
+            )
+        with self._stage_lock:
+            self._poll()
+            epoch, pages = self._paging.begin_stage()
+            self.stages_run += 1
+            try:
+                if pages:
+                    self._invalidate(epoch, list(pages), live())
+                self._trim_versions(epoch, barrier_sent=bool(pages), live=live)
+                stage_id = next(self._stage_ids)
+                run = _StageRun(program, epoch if stage.epoch is None else stage.epoch,
+                                concurrent.futures.Future(), stage.name, stage.recompute)  # fmt: skip
+                self._stages[stage_id] = run
+                tasks = self._with_cached(stage.tasks)
+                self.telemetry.stage_started(stage_id, stage.name, len(tasks), run.epoch,
+                                             stage.recompute)  # fmt: skip
+                self._post(lambda s: self._submit(s, stage_id, tasks, run.future))
+                try:
+                    results = self._wait(stage_id, run.future)
+                finally:
+                    self._stages.pop(stage_id, None)
+            finally:
+                self._paging.end_stage()
+        self.last_read_sets = [list(r.read_set) for r in results]
+        self.last_epoch = run.epoch
+        values = [self._value(r) for r in results]
+        self._merge_accumulators(results)
+        return values
+
+    def _with_cached(self, tasks: list[TaskSpec]) -> list[TaskSpec]:
+        """Tasks that say which arena ranges they read, told which workers cache them."""
+        if not any(t.reads for t in tasks):
+            return list(tasks)
+        return [
+            dataclasses.replace(t, cached=tuple(sorted(self._paging.cached_bytes(t.reads).items())))
+            if t.reads else t
+            for t in tasks
+        ]
+
+    def _submit(self, state: SchedulerState, stage_id: int, tasks: list, future) -> list:
+        try:
+            return state.stage_submitted(stage_id, tasks, now=time.monotonic())
+        except Exception as exc:  # noqa: BLE001 - e.g. bad task indices: the caller gets it
+            self.telemetry.stage_ended(stage_id, exc)
+            future.set_exception(exc)
+            return []
+
+    def _wait(self, stage_id: int, future: concurrent.futures.Future) -> list[TaskResult]:
+        try:
+            while True:
+                try:
+                    return future.result(timeout=POLL_INTERVAL)
+                except concurrent.futures.TimeoutError:
+                    self._poll()
+                    self._post(lambda s: s.tick(time.monotonic()))  # stragglers: speculation
+        except KeyboardInterrupt as interrupt:
+            error = ClamorError(f"stage {stage_id} was interrupted")
+            error.__cause__ = interrupt
+            self._post(lambda s: s.stage_cancelled(stage_id, error))
+            raise
+
+    def _trim_versions(self, epoch: int, barrier_sent: bool, live: Callable[[], list[int]]) -> None:
+        """Free the page versions no stage from here on reads (bounded version log).
+
+        ``version_floor(epoch)`` says how far back lineage and checkpoints still need
+        to read. An attempt of an earlier stage may still run on a worker (cancelled
+        ones finish on their own); an ``Invalidate`` runs on each worker's task thread
+        between attempts, so once every worker has answered one, none is left.
+        """
+        if not self._paging.stats().get("version_log_bytes"):
+            return  # nothing to free: spare the walk over lineage
+        floor = min(epoch, self._version_floor(epoch))
+        if floor <= self._trimmed_floor:
+            return
+        if not barrier_sent:
+            self._invalidate(epoch, [], live())
+        self._paging.trim_versions(floor)
+        self._trimmed_floor = floor
+
+    def _invalidate(self, epoch: int, pages: list[int], workers: list[int]) -> None:
+        """Invalidate ``pages`` on every live worker; one that fails is reported unreachable."""
+        request = pb.InvalidateRequest(epoch=epoch, pages=pages)
+        calls = [
+            (w, self._endpoints[w].stub.Invalidate.future(request, timeout=60))
+            for w in workers
+            if w in self._endpoints
+        ]
+        for worker, future in calls:
+            try:
+                future.result()
+            except grpc.RpcError as exc:
+                self._unreachable(
+                    worker, f"invalidation failed: {exc.code().name}: {exc.details()}"
+                )
+
+    def _value(self, result: TaskResult) -> Any:
+        if not isinstance(result.value, _Kept):
+            return result.value
+        kept = result.value
+        try:
+            return self.fetch(kept.key, holder=kept.worker)
+        finally:
+            self._call(kept.worker, "DropPartitions", pb.DropRequest(keys=[encode_key(kept.key)]))
+
+    @staticmethod
+    def _merge_accumulators(results: list[TaskResult]) -> None:
+        updates = [r.accumulator_updates for r in results]
+        if any(updates):
+            accumulators.merge([shipping.loads(u) if u else {} for u in updates])
+
+    # --- partitions ---
+
+    def holder(self, key: PartitionKey) -> int | None:
+        return self._state.holder(key)
+
+    def put(self, key: PartitionKey, value: Any) -> None:
+        size = self.driver_store.put(key, value)
+        self._post_and_wait(lambda s: s.partitions_added(DRIVER, {key: size}))
+
+    def drop(self, keys: Iterable[PartitionKey]) -> None:
+        """Forget ``keys`` (``holder`` says ``None`` on return); the holders free them soon
+        after. Datasets call this from garbage-collection finalizers, which may run on any
+        thread: on the loop's own thread it only queues the event."""
+        keys = list(keys)
+        if self._closed:
+            return
+        event = lambda s: s.partitions_dropped(keys)
+        if threading.current_thread() is self._thread:
+            self._post(event)
+        else:
+            self._post_and_wait(event)
+
+    def fetch(self, key: PartitionKey, holder: int | None = None) -> Any:
+        """Bring partition ``key`` to the driver, in chunks, from wherever it is held."""
+        holder = self.holder(key) if holder is None else holder
+        if holder is None:
+            raise ClamorError(f"partition {key!r} is held by no live worker")
+        if holder == DRIVER:
+            return self.driver_store.get(key)
+        endpoint = self._endpoints[holder]
+        request = pb.PartitionRequest(key=encode_key(key))
+        stream = lambda: endpoint.stub.GetPartition(request, timeout=600)
+        return fetch_partition(self._bulk, endpoint.bulk_address, key, stream, f"worker {holder}")
+
+    def driver_chunks(self, key: PartitionKey) -> Iterator[pb.Chunk]:
+        """The Scheduler's ``FetchPartition``: a driver-held partition as chunks."""
+        return self.driver_store.chunks(key)
+
+    def snapshot(self) -> dict:
+        return self._state.snapshot()
+
+    def counters(self) -> dict[str, int]:
+        """The scheduler's counters: ``tasks_rerun``, ``tasks_speculated``, ``tasks_replaced``,
+        ``tasks_lost`` (plain ints: safe to read from any thread)."""
+        return self._state.counters()
+
+    def close(self) -> None:
+        self._closed = True
+        for run in list(self._stages.values()):
+            if not run.future.done():
+                run.future.set_exception(ClamorError("the cluster was closed"))
+        self._events.put(None)
+        for endpoint in self._endpoints.values():
+            endpoint.close()
+        if self._bulk is not None:
+            self._bulk.close()
+
+    def join(self, timeout: float = 5.0) -> None:
+        """Wait for the loop and the sender threads to end after :meth:`close` (close the
+        workers' channels first: that ends a call in flight)."""
+        for thread in [self._thread, *(e.thread for e in self._endpoints.values())]:
+            if thread is not threading.current_thread():
+                thread.join(timeout)

@@ -1,0 +1,356 @@
+"""``clamor-worker``: a worker process of the control plane.
+
+    clamor-worker --connect HOST:PORT --token-file F [--host H] [--parent-pid PID]
+                  [--launch-key K] [--remove-token-file]
+
+It serves the ``Worker`` gRPC service on ``H:0``, registers with the driver's
+``Scheduler`` at ``HOST:PORT``, builds its paging object from the config it gets
+back (``config["paging_factory"]``, a ``"module:callable"`` called as
+``factory(worker_id, config)``; :class:`NullWorkerPaging` if absent), reports
+Ready, then runs tasks one at a time until told to shut down. A watchdog thread
+heartbeats the driver every second and exits with
+:data:`~clamor.runtime.exitcodes.EXIT_DRIVER_UNREACHABLE` when the driver has
+been unreachable for 5 s or its process (``--parent-pid``) is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+
+import grpc
+import psutil
+from clamor.runtime.credentials import Credentials
+from clamor.runtime.exitcodes import (
+    EXIT_DRIVER_REFUSED,
+    EXIT_DRIVER_UNREACHABLE,
+    EXIT_OK,
+    EXIT_SETUP_FAILED,
+)
+from clamor.runtime.net.proto import clamor_pb2 as pb
+from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.net.transport import connect, create_server, split_address
+from clamor.runtime.paging.memory import WorkerBudget
+from clamor.runtime.paging.paging_api import NullWorkerPaging, load_factory
+from clamor.runtime.storage.bulk import BulkServer
+from clamor.runtime.storage.partitions import PartitionStore, decode_key
+from clamor.runtime.storage.spill import SpillingStore
+from clamor.runtime.worker.tasks import WorkerExecutor
+
+logger = logging.getLogger("clamor.worker")
+
+HEARTBEAT_INTERVAL = 1.0
+#: Consecutive seconds of failed heartbeats after which the worker gives up on the driver.
+HEARTBEAT_PATIENCE = 5.0
+_REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+def _die(code: int, message: str) -> None:
+    """Exit the whole process now (even from a thread, even while a task runs)."""
+    try:
+        sys.stderr.write(f"clamor-worker[{os.getpid()}]: {message}\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+    finally:
+        os._exit(code)
+
+
+class WorkerServicer(pb_grpc.WorkerServicer):
+    """The ``Worker`` service; tasks are handed to the :class:`WorkerExecutor`."""
+
+    def __init__(self) -> None:
+        self.executor: WorkerExecutor | None = None
+        self.store: PartitionStore = PartitionStore()  # replaced by a SpillingStore once configured
+        self.memory_budget = 0
+        self.bulk: BulkServer | None = None
+        self.shutdown_requested = threading.Event()
+
+    def _ready(self, context) -> WorkerExecutor:
+        if self.executor is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "worker is not ready yet")
+        return self.executor
+
+    def Launch(self, request, context):
+        self._ready(context).launch(request)
+        return pb.LaunchReply()
+
+    def Cancel(self, request, context):
+        self._ready(context).cancel(list(request.attempt_ids), request.forget_stage)
+        return pb.CancelReply()
+
+    def Invalidate(self, request, context):
+        executor = self._ready(context)
+        pages = list(request.pages)
+        executor.exclusive(lambda: executor.paging.invalidate(request.epoch, pages), timeout=50)
+        return pb.InvalidateReply()
+
+    def GetPartition(self, request, context):
+        key = decode_key(request.key)
+        if key not in self.store:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"partition {key!r} is not held here")
+        return self.store.chunks(key)
+
+    def PutPartition(self, request_iterator, context):
+        first, parts = None, []
+        for piece in request_iterator:
+            first = first or piece
+            parts.append(piece.data)
+        data = b"".join(parts)
+        if first is None or not first.key or len(data) != first.total:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a spilled partition arrived incomplete")
+        key = decode_key(first.key)
+        if not self.store.accept(key, data, first.nbytes):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"no room for {first.nbytes} bytes")
+        return pb.PutReply()
+
+    def DropPartitions(self, request, context):
+        self.store.drop(decode_key(k) for k in request.keys)
+        return pb.DropReply()
+
+    def Stats(self, request, context):
+        executor = self._ready(context)
+        stats = {
+            "id": executor.worker_id,
+            "pid": os.getpid(),
+            "tasks_run": executor.tasks_run,
+            "tasks_queued": executor.queued,
+            "partitions": len(self.store),
+            "rss_bytes": psutil.Process().memory_info().rss,
+            "partitions_served_bulk": self.bulk.served if self.bulk else 0,
+            **WorkerBudget(self.memory_budget).as_dict(),
+        }
+        stats.update(self.store.stats())
+        stats.update(executor.inputs_read)
+        stats.update(executor.paging.stats())
+        return pb.StatsReply(stats=pickle.dumps(stats))
+
+    def Shutdown(self, request, context):
+        self.shutdown_requested.set()
+        return pb.ShutdownReply()
+
+
+def _local_host_towards(driver_host: str) -> str:
+    """The local address this machine uses to reach ``driver_host`` (no packet is sent)."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(driver_host, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(sockaddr)
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def _register(
+    scheduler, target: str, request: pb.RegisterRequest, timeout: float
+) -> pb.RegisterReply:
+    """Register with the driver, retrying for ``timeout`` seconds; exit if it never answers."""
+    deadline = time.monotonic() + timeout
+    last = "no attempt"
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            _die(EXIT_DRIVER_UNREACHABLE, f"cannot reach the driver at {target}: {last}")
+        try:
+            return scheduler.Register(request, timeout=min(2.0, remaining), wait_for_ready=True)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                _die(
+                    EXIT_DRIVER_REFUSED,
+                    f"the driver refused registration: {code.name}: {exc.details()}",
+                )
+            last = f"{code.name}: {exc.details()}"
+            time.sleep(0.2)
+
+
+def _kill_with_parent(parent_pid: int) -> None:
+    """``PR_SET_PDEATHSIG``: the kernel SIGKILLs us when the thread that started us exits."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(
+                1, int(signal.SIGKILL), 0, 0, 0
+            )  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        _die(EXIT_DRIVER_UNREACHABLE, f"the driver process {parent_pid} is gone")
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _watchdog(scheduler, worker_id: int, parent_pid: int | None) -> None:
+    """Heartbeat the driver; exit when it is gone. Runs in a daemon thread."""
+    child_of_parent = parent_pid is not None and os.getppid() == parent_pid
+    failing_since: float | None = None
+    while True:
+        time.sleep(HEARTBEAT_INTERVAL)
+        if parent_pid is not None and (
+            (child_of_parent and os.getppid() != parent_pid) or _process_gone(parent_pid)
+        ):
+            _die(EXIT_DRIVER_UNREACHABLE, f"the driver process {parent_pid} is gone")
+        try:
+            reply = scheduler.Heartbeat(
+                pb.HeartbeatRequest(worker_id=worker_id), timeout=HEARTBEAT_INTERVAL
+            )
+        except grpc.RpcError as exc:
+            if exc.code() in _REFUSALS:
+                _die(EXIT_DRIVER_REFUSED, f"the driver refused a heartbeat: {exc.details()}")
+            now = time.monotonic()
+            failing_since = failing_since or now
+            if now - failing_since >= HEARTBEAT_PATIENCE:
+                _die(
+                    EXIT_DRIVER_UNREACHABLE,
+                    f"the driver has been unreachable for {HEARTBEAT_PATIENCE:.0f} s",
+                )
+            continue
+        failing_since = None
+        if not reply.ok:
+            _die(EXIT_DRIVER_REFUSED, f"the driver no longer knows worker {worker_id}")
+
+
+def _spilling_store(
+    worker_id: int, config: dict, scheduler: pb_grpc.SchedulerStub, servicer: WorkerServicer
+) -> SpillingStore:
+    """The partition store within this worker's partition budget (DESIGN 5, R3S)."""
+    budget = WorkerBudget(int(config.get("memory_budget", 0))).partitions
+
+    def find_peers(nbytes: int) -> list[tuple[int, str]]:
+        try:
+            reply = scheduler.SpillPeers(pb.SpillPeersRequest(worker_id=worker_id, nbytes=nbytes), timeout=30)
+        except grpc.RpcError as exc:
+            logger.warning("no spill peers from the driver (%s): spilling to disk", exc.code().name)
+            return []
+        return [(p.worker_id, p.address) for p in reply.peers]
+
+    return SpillingStore(
+        worker_id, budget, config.get("spill", "peer"), config.get("spill_dir", ""),
+        find_peers, lambda address: servicer.executor.peer(address),
+    )  # fmt: skip
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="clamor-worker", description="Run a Clamor worker process.")
+    p.add_argument(
+        "--connect", required=True, metavar="HOST:PORT", help="the driver's scheduler address"
+    )
+    p.add_argument(
+        "--token-file", required=True, metavar="F", help="file holding the cluster token"
+    )
+    p.add_argument(
+        "--host", help="address to serve on (default: the local address facing the driver)"
+    )
+    p.add_argument("--parent-pid", type=int, help="exit when this process (the driver) is gone")
+    p.add_argument(
+        "--kill-with-parent",
+        action="store_true",
+        help="get SIGKILLed by the kernel when the parent (--parent-pid) exits (Linux)",
+    )
+    p.add_argument(
+        "--launch-key",
+        default="",
+        metavar="K",
+        help="the key its launcher gave this worker (names the worker id it reserved)",
+    )
+    p.add_argument(
+        "--remove-token-file",
+        action="store_true",
+        help="delete the token file once read (launchers that copy it to another host)",
+    )
+    p.add_argument(
+        "--register-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="give up on the driver after S seconds (default 10)",
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``clamor-worker``; does not return once registered (the process exits)."""
+    args = _parse_args(argv)
+    if args.kill_with_parent and args.parent_pid is not None:
+        _kill_with_parent(args.parent_pid)
+    logging.basicConfig(
+        level=os.environ.get("CLAMOR_LOG_LEVEL", "WARNING").upper(),
+        format=f"clamor-worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        credentials = Credentials.read(args.token_file)
+        if args.remove_token_file:
+            os.unlink(args.token_file)
+        driver_host, _ = split_address(args.connect)
+    except (OSError, ValueError) as exc:
+        _die(EXIT_SETUP_FAILED, str(exc))
+    host = args.host or _local_host_towards(driver_host)
+
+    servicer = WorkerServicer()
+    token, tls = credentials.token, credentials.tls
+    server, address = create_server(
+        token, [(pb_grpc.add_WorkerServicer_to_server, servicer)], host=host, max_workers=4, tls=tls
+    )
+    scheduler = pb_grpc.SchedulerStub(connect(args.connect, token, tls=tls))
+    reply = _register(
+        scheduler,
+        args.connect,
+        pb.RegisterRequest(pid=os.getpid(), host=host, address=address, launch_key=args.launch_key),
+        args.register_timeout,
+    )
+    worker_id = reply.worker_id
+    threading.Thread(
+        target=_watchdog,
+        args=(scheduler, worker_id, args.parent_pid),
+        name="clamor-watchdog",
+        daemon=True,
+    ).start()
+
+    try:
+        config = pickle.loads(reply.config)
+        factory = config.get("paging_factory")
+        paging = load_factory(factory)(worker_id, config) if factory else NullWorkerPaging()
+        info = paging.info()
+    except Exception as exc:
+        logger.exception("paging set-up failed")
+        _die(
+            EXIT_SETUP_FAILED,
+            f"worker {worker_id}: paging set-up failed: {type(exc).__name__}: {exc}",
+        )
+    servicer.memory_budget = int(config.get("memory_budget", 0))
+    servicer.store = _spilling_store(worker_id, config, scheduler, servicer)
+    servicer.executor = WorkerExecutor(worker_id, paging, scheduler, credentials, servicer.store)
+    if not tls:  # partitions to peers over plain TCP (runtime/storage/bulk.py); with TLS, gRPC only
+        servicer.bulk = BulkServer(token.encode(), host, servicer.store.lookup)
+        info["bulk_port"] = servicer.bulk.port
+    try:
+        scheduler.Ready(pb.ReadyRequest(worker_id=worker_id, info=pickle.dumps(info)), timeout=30)
+    except grpc.RpcError as exc:
+        _die(
+            EXIT_DRIVER_UNREACHABLE,
+            f"worker {worker_id}: Ready failed: {exc.code().name}: {exc.details()}",
+        )
+    logger.info("worker %d serving on %s", worker_id, address)
+
+    servicer.shutdown_requested.wait()
+    server.stop(grace=1.0, timeout=2.0, join=False)  # os._exit follows: a wedged task may hold a handler
+    if isinstance(servicer.store, SpillingStore):
+        servicer.store.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_OK)  # a task still running (wedged) must not keep the process alive
+
+
+if __name__ == "__main__":
+    sys.exit(main())

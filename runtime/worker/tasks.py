@@ -1,0 +1,285 @@
+"""A worker's task execution: one attempt at a time, results reported in batches.
+
+``Launch`` queues attempts and returns at once; a single runner thread runs
+them in order (one task at a time per worker process, DESIGN 5); a reporter
+thread sends finished attempts to the driver's ``TaskFinished``, batching
+whatever finished while its previous call was in flight. Inputs are fetched on
+first use from this worker's store, a peer's ``GetPartition`` or the driver's
+``FetchPartition``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from clamor.runtime.credentials import Credentials
+from clamor.runtime.errors import ClamorError
+from clamor.runtime.net import shipping
+from clamor.runtime.net.proto import clamor_pb2 as pb
+from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.net.shipping import encode_exception
+from clamor.runtime.net.transport import connect
+from clamor.runtime.paging.paging_api import WorkerPaging
+from clamor.runtime.stage import DRIVER, PartitionKey, TaskContext, run_program
+from clamor.runtime.storage.bulk import BulkClient, fetch_partition
+from clamor.runtime.storage.partitions import (
+    PartitionStore,
+    decode_key,
+    encode_key,
+)
+
+logger = logging.getLogger("clamor.worker")
+
+#: Results larger than this stay on the worker; the driver fetches them in chunks.
+INLINE_REPLY_BYTES = 1 << 20
+#: The counters of :attr:`WorkerExecutor.inputs_read`.
+INPUT_SOURCES = ("partitions_read_here", "partitions_fetched_from_peers", "partitions_fetched_from_driver")
+#: Programs of this many recent stages are kept.
+PROGRAM_CACHE = 16
+
+
+@dataclasses.dataclass
+class _Queued:
+    stage: int
+    epoch: int
+    assignment: pb.Assignment
+
+
+@dataclasses.dataclass
+class _Exclusive:
+    """Work run by the runner thread between two attempts (e.g. a page invalidation)."""
+
+    fn: Callable[[], None]
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class WorkerExecutor:
+    """Runs the attempts the driver launches on this worker."""
+
+    def __init__(
+        self,
+        worker_id: int,
+        paging: WorkerPaging,
+        scheduler: pb_grpc.SchedulerStub,
+        credentials: Credentials,
+        store: PartitionStore,
+    ) -> None:
+        self.worker_id = worker_id
+        self.tasks_run = 0
+        self.paging = paging
+        self._scheduler = scheduler
+        self._credentials = credentials
+        self._store = store
+        self._programs: OrderedDict[int, Any] = OrderedDict()
+        self._queue: collections.deque[_Queued | _Exclusive] = collections.deque()
+        self._cancelled: set[int] = set()
+        self._finished: list[pb.TaskReport] = []
+        self._moved: list[pb.PartitionMove] = []  # spills, sent after the reports of their time
+        self._cond = threading.Condition()
+        self._peers: dict[str, pb_grpc.WorkerStub] = {}
+        #: Where the inputs of this worker's tasks came from (reported in its stats).
+        self.inputs_read = collections.Counter(dict.fromkeys(INPUT_SOURCES, 0))
+        #: Partitions from peers' bulk servers (``None`` with TLS: gRPC streams only).
+        self.bulk = None if credentials.tls else BulkClient(credentials.token.encode())
+        self._running: int | None = None
+        for target, name in ((self._run_loop, "clamor-tasks"), (self._report_loop, "clamor-report")):
+            threading.Thread(target=target, name=name, daemon=True).start()
+
+    # --- from the Worker service ---
+
+    def launch(self, request: pb.LaunchRequest) -> None:
+        """Queue the request's attempts (its program is decoded here, errors reported per attempt)."""
+        if request.program:
+            try:
+                program = shipping.loads(request.program)
+            except BaseException as exc:  # noqa: BLE001 - e.g. a module missing on this worker
+                self._report_all(request.attempts, exc)
+                return
+            with self._cond:
+                self._programs[request.stage_id] = program
+                while len(self._programs) > PROGRAM_CACHE:
+                    self._programs.popitem(last=False)
+        with self._cond:
+            for a in request.attempts:
+                if a.attempt_id in self._cancelled:  # the Cancel overtook this Launch
+                    self._cancelled.discard(a.attempt_id)
+                    continue
+                self._queue.append(_Queued(request.stage_id, request.epoch, a))
+            self._cond.notify_all()
+
+    def cancel(self, attempt_ids: list[int], forget_stage: int = 0) -> None:
+        """Abandon queued attempts; a running one finishes but its result is not sent."""
+        with self._cond:
+            self._cancelled.update(attempt_ids)
+            self._queue = collections.deque(
+                q
+                for q in self._queue
+                if isinstance(q, _Exclusive) or q.assignment.attempt_id not in self._cancelled
+            )
+            if forget_stage:
+                self._programs.pop(forget_stage, None)
+
+    def exclusive(self, fn: Callable[[], None], timeout: float | None = None) -> None:
+        """Run ``fn`` on the runner thread after the attempts queued so far, and wait.
+
+        Page invalidations go this way: they never overlap a running task, and
+        attempts launched after them see the invalidated pages.
+        """
+        item = _Exclusive(fn)
+        with self._cond:
+            self._queue.append(item)
+            self._cond.notify_all()
+        if not item.done.wait(timeout):
+            raise TimeoutError(f"worker {self.worker_id} is busy with a task that does not end")
+        if item.error is not None:
+            raise item.error
+
+    @property
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._queue) + (self._running is not None)
+
+    # --- the runner thread ---
+
+    def _run_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                item = self._queue.popleft()
+                if isinstance(item, _Exclusive):
+                    self._cond.release()
+                    try:
+                        item.fn()
+                    except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+                        item.error = exc
+                    finally:
+                        self._cond.acquire()
+                        item.done.set()
+                    continue
+                program = self._programs.get(item.stage)
+                self._running = item.assignment.attempt_id
+            if program is None:
+                report = _error_report(
+                    item.assignment.attempt_id,
+                    ClamorError(f"stage {item.stage}'s program never reached worker {self.worker_id}"),
+                    item.assignment.index,
+                )
+            else:
+                report = self._run(program, item)
+            with self._cond:
+                self._running = None
+                self.tasks_run += 1
+                self._moved += self._store.drain_moves()  # with (or after) this attempt's report
+                self._cond.notify_all()
+                if item.assignment.attempt_id in self._cancelled:
+                    self._cancelled.discard(item.assignment.attempt_id)
+                    continue
+                self._finished.append(report)
+
+    def _run(self, program: Any, item: _Queued) -> pb.TaskReport:
+        a = item.assignment
+        locations = {decode_key(i.key): (i.holder, i.address, i.bulk_address) for i in a.inputs}
+        fetched: dict[PartitionKey, Any] = {}
+
+        def fetch(key: PartitionKey) -> Any:
+            if key not in fetched:
+                fetched[key] = self._fetch(key, *locations[key])
+            return fetched[key]
+
+        ctx = TaskContext(a.index, tuple(locations), fetch, self._store.put)
+        start = time.perf_counter()
+        read_set: list[tuple[int, int]] = []
+        try:
+            self.paging.begin_task(item.epoch)
+            try:
+                value = run_program(program, ctx)
+            finally:
+                read_set = self.paging.end_task()
+            report = pb.TaskReport(attempt_id=a.attempt_id, index=a.index, status=pb.OK)
+            if a.output:
+                ctx.put(decode_key(a.output), value)
+            if a.reply:
+                self._encode_value(report, a.attempt_id, value)
+            if ctx.accumulator_updates:
+                report.accumulators = shipping.dumps(ctx.accumulator_updates)
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the driver
+            report = _error_report(a.attempt_id, exc, a.index)
+        report.outputs.extend(
+            pb.PartitionInfo(key=encode_key(k), nbytes=n) for k, n in ctx.outputs.items()
+        )
+        report.read_set.extend(pb.PageVersion(page=p, version=v) for p, v in read_set)
+        report.duration = time.perf_counter() - start
+        return report
+
+    def _encode_value(self, report: pb.TaskReport, attempt_id: int, value: Any) -> None:
+        data = shipping.dumps(value)
+        if len(data) <= INLINE_REPLY_BYTES:
+            report.value = data
+        else:  # kept here; the driver streams it with GetPartition, then drops it
+            key = ("reply", attempt_id)
+            self._store.put(key, value, spillable=False)  # on its way out
+            report.value_key = encode_key(key)
+
+    def _fetch(self, key: PartitionKey, holder: int, address: str, bulk_address: str) -> Any:
+        if holder == self.worker_id or key in self._store:  # e.g. a peer spilled it here
+            self.inputs_read["partitions_read_here"] += 1
+            return self._store.get(key)
+        self.inputs_read["partitions_fetched_from_" + ("driver" if holder == DRIVER else "peers")] += 1
+        request = pb.PartitionRequest(key=encode_key(key))
+        if holder == DRIVER:
+            where = "the driver"
+            stream = lambda: self._scheduler.FetchPartition(request, timeout=600)
+        else:
+            where = f"worker {holder} at {address}"
+            stream = lambda: self.peer(address).GetPartition(request, timeout=600)
+        return fetch_partition(self.bulk, bulk_address, key, stream, where)
+
+    def peer(self, address: str) -> pb_grpc.WorkerStub:
+        """A Worker stub for the peer at ``address`` (one channel per peer, kept)."""
+        stub = self._peers.get(address)
+        if stub is None:
+            stub = self._peers[address] = pb_grpc.WorkerStub(connect(
+                address, self._credentials.token, tls=self._credentials.tls
+            ))
+        return stub
+
+    # --- the reporter thread ---
+
+    def _report_all(self, attempts, exc: BaseException) -> None:
+        with self._cond:
+            self._finished.extend(_error_report(a.attempt_id, exc, a.index) for a in attempts)
+            self._cond.notify_all()
+
+    def _report_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._finished and not self._moved:
+                    self._cond.wait()
+                batch, self._finished = self._finished, []
+                moved, self._moved = self._moved, []
+            request = pb.TaskFinishedRequest(worker_id=self.worker_id, reports=batch, moved=moved)
+            for attempt in range(5):
+                try:
+                    self._scheduler.TaskFinished(request, timeout=60)
+                    break
+                except grpc.RpcError as exc:  # the watchdog exits if the driver is gone for good
+                    logger.warning("TaskFinished failed (%s); retrying", exc.code().name)
+                    time.sleep(0.2 * (attempt + 1))
+
+
+def _error_report(attempt_id: int, exc: BaseException, index: int = 0) -> pb.TaskReport:
+    return pb.TaskReport(
+        attempt_id=attempt_id, index=index, status=pb.ERROR, **encode_exception(exc)
+    )
+
+

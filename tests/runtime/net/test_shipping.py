@@ -1,0 +1,103 @@
+"""Shipping by reference: arena arrays travel as ArenaRefs, everything else by value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from clamor.demo import geodata
+from clamor.runtime.net import shipping
+from clamor.runtime.paging import arena
+from sklearn.neighbors import KDTree
+
+import clamor
+
+PAGE = arena.page_size()
+
+
+def test_an_arena_array_ships_as_a_few_bytes_and_comes_back_as_a_view():
+    x = clamor.array(1 << 20, np.float64)  # 8 MiB
+    x[::1000] = 7.0
+    payload = shipping.dumps({"x": x, "view": x[10:500_000:3]})
+    assert len(payload) < 2000
+    back = shipping.loads(payload)
+    assert np.array_equal(back["x"], x) and np.array_equal(back["view"], x[10:500_000:3])
+    assert arena.arena_offset(back["x"]) == arena.arena_offset(x)
+    assert not back["x"].flags.writeable
+
+
+def test_negative_strides_and_2d_views_round_trip():
+    x = clamor.array((512, 1024), np.float32)
+    x[:] = np.arange(x.size, dtype=np.float32).reshape(x.shape)
+    for view in (x[::-1], x[:, ::-2], x.T, x[100:200, 3]):
+        assert np.array_equal(shipping.loads(shipping.dumps(view)), view)
+
+
+def test_functions_by_value_keep_the_file_their_code_came_from():
+    """Tracebacks on workers name the cell or notebook input (cloudpickle alone says
+    ``<dynamic-code>`` since 3.1.3)."""
+    scope: dict = {}
+    exec(compile("def f(x):\n    return 1 / x\n", "<ipython-input-7>", "exec"), scope)  # noqa: S102 - a notebook cell
+    back = shipping.loads(shipping.dumps(scope["f"]))
+    assert back.__code__.co_filename == "<ipython-input-7>" and back(4) == 0.25
+    with pytest.raises(ZeroDivisionError) as info:
+        back(0)
+    assert info.traceback[-1].frame.code.raw.co_filename == "<ipython-input-7>"
+
+
+def test_small_heap_and_object_arrays_travel_by_value():
+    small = clamor.array(PAGE // 16, np.float64)  # half a page: cheaper by value
+    heap = np.ones(1 << 18)
+    objects = np.array([{"a": 1}, None], dtype=object)
+    assert arena.in_arena(small) and not arena.in_arena(heap)
+    for x in (small, heap, objects):
+        back = shipping.loads(shipping.dumps(x))
+        assert np.array_equal(back, x)
+        assert not arena.in_arena(back)
+    assert len(shipping.dumps(heap)) > heap.nbytes
+
+
+@pytest.fixture(scope="module")
+def tree_and_points():
+    points = geodata.scaled_points(1_000_000, seed=3)
+    with clamor.shared():
+        # KDTree keeps a float64 C-contiguous input as is, so the input must be in the arena too.
+        tree = KDTree(clamor.asarray(points), leaf_size=40)
+    return tree, points
+
+
+def tree_pages(tree: KDTree, page_size: int) -> set[int]:
+    pages: set[int] = set()
+    for a in tree.get_arrays():
+        if arena.in_arena(a):
+            off = arena.arena_offset(a)
+            pages.update(range(off // page_size, (off + a.nbytes - 1) // page_size + 1))
+    return pages
+
+
+def test_a_kdtree_built_in_shared_lives_in_the_arena_and_ships_by_reference(tree_and_points):
+    tree, _ = tree_and_points
+    data, idx_array, _node_data, node_bounds = tree.get_arrays()
+    assert arena.in_arena(data) and arena.in_arena(idx_array) and arena.in_arena(node_bounds)
+    payload = shipping.dumps(tree)
+    assert len(payload) < 64 << 10  # the tree is > 24 MiB
+    back = shipping.loads(payload)
+    q = np.array([[37.77, -122.42]])
+    assert np.array_equal(back.query(q, k=10)[1], tree.query(q, k=10)[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page_size", [4 << 10, 256 << 10, 4 << 20], ids=["4KiB", "256KiB", "4MiB"])
+def test_kdtree_queries_on_a_worker_fetch_a_small_fraction_of_the_tree(tree_and_points, page_size):
+    tree, points = tree_and_points
+    rng = np.random.default_rng(0)
+    region = points[geodata.in_region(points, ((37.3, 37.9), (-122.5, -121.9)))]  # around San Francisco
+    queries = region[rng.integers(0, len(region), 200)] + rng.normal(scale=0.01, size=(200, 2))
+    expected_dist, expected_idx = tree.query(queries, k=10)
+
+    with clamor.Cluster(workers=1, page_size=page_size, transport="tcp") as c:
+        dist, idx = c.run(lambda t, q: t.query(q, k=10), tree, queries)
+        fetched = c.worker_stats()[0]["pages_fetched"]
+    assert np.array_equal(idx, expected_idx) and np.allclose(dist, expected_dist)
+    total = len(tree_pages(tree, page_size))
+    # At 4 MiB the whole tree is 7 pages; a query cannot touch fewer than 2 (data and index).
+    assert fetched <= max(0.25 * total, 2), (fetched, total)

@@ -1,0 +1,176 @@
+"""Demand paging on real worker processes, at every supported page size and transport.
+
+Workers fetch exactly the pages a task touches, from the driver's memfd on
+this host (`shm`) or over TCP (`tcp`); the driver's writes between stages
+invalidate exactly the written pages, and tasks can read the arena as of an
+older epoch from the version log.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from clamor.runtime.errors import ClamorError
+from clamor.runtime.paging import arena
+
+import clamor
+
+pytestmark = pytest.mark.slow
+
+PAGE_SIZES = {"4KiB": 4 << 10, "256KiB": 256 << 10, "4MiB": 4 << 20}
+TABLE_BYTES = 2 << 30
+
+
+@pytest.fixture(scope="module")
+def table() -> np.ndarray:
+    """A 2 GiB arena array; only the pages a test fills are ever touched."""
+    return clamor.empty(TABLE_BYTES // 8, np.float64)
+
+
+@pytest.fixture(
+    scope="module",
+    params=[(ps, t) for ps in PAGE_SIZES.values() for t in ("shm", "tcp")],
+    ids=[f"{name}-{t}" for name in PAGE_SIZES for t in ("shm", "tcp")],
+)
+def cluster(request):
+    page_size, transport = request.param
+    with clamor.Cluster(workers=2, page_size=page_size, transport=transport) as c:
+        yield c
+
+
+def page_of(x: np.ndarray, index: int, page_size: int) -> int:
+    """Arena page holding element `index` of the 1-D array `x`."""
+    return (arena.arena_offset(x) + index * x.itemsize) // page_size
+
+
+def fetched(cluster) -> list[int]:
+    return [w["bytes_fetched"] for w in cluster.worker_stats()]
+
+
+def value(i: np.ndarray) -> np.ndarray:
+    return (i % 9973).astype(np.float64) * 0.5
+
+
+def lookups(first_elems: np.ndarray, per_page: int, seed: int, n: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return first_elems[rng.integers(0, len(first_elems), n)] + rng.integers(0, per_page, n)
+
+
+def sparse_sum(table, first_elems, per_page, seed, n):
+    return float(table[lookups(first_elems, per_page, seed, n)].sum())
+
+
+def test_sparse_lookups_fetch_only_the_pages_touched(cluster, table):
+    ps = cluster.page_size
+    per_page = ps // 8
+    base = -(-arena.arena_offset(table) // ps) * ps - arena.arena_offset(table)  # first whole page
+    n_pages = (TABLE_BYTES - base) // ps
+    chosen = np.arange(0, n_pages, 100)[: max(1, n_pages // 100)]  # 1 %, never adjacent
+    first_elems = base // 8 + chosen * per_page
+    for e in first_elems:
+        table[e : e + per_page] = value(np.arange(e, e + per_page))
+
+    before = fetched(cluster)
+    n = 1_000_000
+    results = cluster.run_stage(
+        [(w, sparse_sum, (table, first_elems, per_page, seed, n)) for w, seed in ((0, 1), (1, 2))]
+    )
+    for (w, seed), got, read_set in zip(((0, 1), (1, 2)), results, cluster.last_read_sets):
+        idx = lookups(first_elems, per_page, seed, n)
+        assert got == pytest.approx(float(value(idx).sum()), rel=1e-12)
+        touched = set(np.unique((arena.arena_offset(table) + idx * 8) // ps).tolist())
+        assert fetched(cluster)[w] - before[w] == len(touched) * ps
+        assert {p for p, _ in read_set} == touched
+
+    stats = cluster.page_stats()
+    requested = set(np.flatnonzero(stats["requests"]).tolist())
+    assert requested == {page_of(table, e, ps) for e in first_elems}
+
+
+def test_driver_update_invalidates_exactly_one_page(cluster):
+    ps = cluster.page_size
+    x = clamor.array(16 * ps // 8, np.float64)
+    x[:] = np.arange(len(x), dtype=np.float64)
+    total = float(x.sum())
+    assert cluster.run(lambda a: float(a.sum()), x, worker=0) == total
+    old_epoch = cluster.stats()["epoch"]
+    k = len(x) // 2 + 3
+    before = cluster.worker_stats()[0]
+
+    with cluster.keep_versions(old_epoch):  # what lineage does for the partitions it may recompute
+        x[k] = -1.0
+        assert cluster.run(lambda a: float(a.sum()), x, worker=0) == total - k - 1.0
+        after = cluster.worker_stats()[0]
+        assert after["invalidations"] - before["invalidations"] == 1
+        assert after["pages_fetched"] - before["pages_fetched"] == 1
+        assert cluster.stats()["invalidations"] >= 1
+
+        # A replay at the old epoch reads the old bytes, from the version log.
+        assert cluster.run(lambda a, i: float(a[i]), x, k, worker=1, epoch=old_epoch) == float(k)
+        assert cluster.run(lambda a, i: float(a[i]), x, k, worker=1) == -1.0
+        page = page_of(x, k, ps)
+        old = np.frombuffer(cluster.paging.read_version(page, old_epoch), np.float64)
+        start = (page * ps - arena.arena_offset(x)) // 8
+        assert old[k - start] == float(k)
+        assert cluster.stats()["version_log_bytes"] >= ps
+
+    # Released: the next stage frees the old version, and a replay at that epoch is refused.
+    assert cluster.run(lambda a, i: float(a[i]), x, k, worker=1) == -1.0
+    assert cluster.stats()["version_log_bytes"] == 0
+    with pytest.raises(ClamorError, match="freed"):
+        cluster.run(lambda a, i: float(a[i]), x, k, worker=1, epoch=old_epoch)
+    assert cluster.workers == [0, 1]  # refused in the driver: no worker was hurt
+
+
+def test_write_during_a_running_stage_never_changes_what_it_reads(cluster):
+    x = clamor.array(cluster.page_size // 8 * 2, np.float64)
+    x[5] = 1.0
+
+    def slow_read(a):
+        time.sleep(1.0)
+        return float(a[5])
+
+    result: list[float] = []
+    stage = threading.Thread(target=lambda: result.append(cluster.run(slow_read, x, worker=0)))
+    stage.start()
+    time.sleep(0.3)
+    x[5] = 2.0  # the stage is running: its page is sealed, this write goes to a new version
+    stage.join()
+    assert result == [1.0]
+    assert cluster.run(lambda a: float(a[5]), x, worker=0) == 2.0
+
+
+def test_read_sets_record_cached_pages_too(cluster):
+    ps = cluster.page_size
+    x = clamor.array(12 * ps // 8, np.float64)
+    per = ps // 8
+
+    def touch(a, pages):
+        return float(sum(a[p * per] for p in pages))
+
+    cluster.run(touch, x, [1, 5, 9], worker=0)
+    first = {p for p, _ in cluster.last_read_sets[0]}
+    cluster.run(touch, x, [5], worker=0)  # cached now: a soft fault records it
+    assert {p for p, _ in cluster.last_read_sets[0]} == {page_of(x, 5 * per, ps)}
+    assert first == {page_of(x, p * per, ps) for p in (1, 5, 9)}
+
+
+def test_a_system_call_can_read_pages_not_fetched_yet(cluster):
+    x = clamor.array(3 * cluster.page_size // 8, np.float64)
+    x[:] = np.arange(len(x)) * 3.0
+
+    def send_through_pipe(a):
+        r, w = os.pipe()
+        data = memoryview(a[len(a) // 3 : len(a) // 3 + 1024]).cast("B")
+        written = os.write(w, data)  # the kernel touches pages nobody has fetched
+        os.close(w)
+        got = os.read(r, written)
+        os.close(r)
+        return np.frombuffer(got, np.float64).copy()
+
+    got = cluster.run(send_through_pipe, x, worker=1)
+    assert np.array_equal(got, x[len(x) // 3 : len(x) // 3 + 1024])

@@ -1,0 +1,170 @@
+"""Persisted partitions beyond a worker's budget (DESIGN 5, R3S), on a real cluster.
+
+Each worker's ``worker_memory`` is half for cached arena pages and half for the
+partitions it keeps. Beyond that, partitions spill: to the peer with the most free
+memory while one has room, then to the worker's own disk (``spill="peer"``, the
+default), or only to disk (``spill="disk"``). Tasks read them back without noticing; ``cluster.partitions()`` and
+the worker stats say where each one lives.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import time
+
+import numpy as np
+import pytest
+from clamor.runtime.data import plan
+
+import clamor
+
+MiB = 1 << 20
+#: Budgets giving worker 0 room for 4 partitions of 1 MiB and worker 1 for 12.
+BUDGETS = {0: 8 * MiB, 1: 24 * MiB}
+
+
+def one_mib(r) -> np.ndarray:
+    """Partition ``r`` (a range of one number) as 1 MiB of that number."""
+    return np.full(MiB // 8, float(r[0]), dtype=np.float64)
+
+
+def totals(ds) -> list[float]:
+    return ds.map_partitions(lambda x: [float(x.sum())]).collect()
+
+
+def expected(first: int, n: int = 8) -> list[float]:
+    return [float(i * (MiB // 8)) for i in range(first, first + n)]
+
+
+def persist_block(cluster, first: int):
+    """Eight 1 MiB partitions (values first..first+7), computed four per worker and kept."""
+    ds = cluster.range(first, first + 8, partitions=8).map_partitions(one_mib).persist()
+    assert totals(ds) == expected(first)
+    return ds
+
+
+def where(cluster, ds) -> list[tuple[int, str]]:
+    parts = cluster.partitions()
+    return [(parts[("ds", ds.id, i)]["holder"], parts[("ds", ds.id, i)]["tier"]) for i in range(8)]
+
+
+def spill_files() -> list[str]:
+    """The files this process's clusters' workers spilled to disk."""
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"clamor-spill-{os.getpid()}-*", "*", "*"))
+
+
+def stats(cluster) -> dict[int, dict]:
+    return {w["id"]: w for w in cluster.worker_stats()}
+
+
+def test_partitions_over_a_budget_spill_to_the_peer_while_it_has_room_then_to_disk():
+    with clamor.Cluster(workers=2, worker_memory=BUDGETS) as cluster:
+        a = persist_block(cluster, 0)
+        assert {tier for _, tier in where(cluster, a)} == {"memory"}
+        assert stats(cluster)[0]["partition_budget"] == 4 * MiB
+
+        b = persist_block(cluster, 8)  # worker 0 now keeps 8 MiB: 4 go to worker 1's memory
+        s = stats(cluster)
+        assert s[0]["spilled_to_peers"] == 4 and s[0]["spilled_to_disk"] == 0
+        assert s[1]["guests_taken"] == 4 and s[1]["partitions_on_disk"] == 0
+        assert s[0]["partition_bytes"] <= 4 * MiB and s[1]["partition_bytes"] <= 12 * MiB
+        assert all(tier == "memory" for _, tier in where(cluster, a) + where(cluster, b))
+        assert [h for h, _ in where(cluster, a)] == [1] * 8  # a's half from worker 0 moved there
+        assert cluster.stats()["spilled_to_peers"] == 4  # summed over the workers
+
+        c = persist_block(cluster, 16)  # both full now: what no peer has room for goes to disk
+        s = stats(cluster)
+        assert s[0]["spilled_to_disk"] + s[1]["spilled_to_disk"] >= 4
+        assert s[0]["partition_bytes"] <= 4 * MiB and s[1]["partition_bytes"] <= 12 * MiB
+        placed = where(cluster, a) + where(cluster, b) + where(cluster, c)
+        assert sum(tier == "disk" for _, tier in placed) >= 4
+        assert sum(w["partitions_on_disk"] for w in s.values()) == sum(t == "disk" for _, t in placed)
+
+        # read back transparently, from memory, a peer's memory and disk alike
+        assert totals(a) == expected(0) and totals(b) == expected(8) and totals(c) == expected(16)
+        assert sum(w["read_from_disk"] for w in stats(cluster).values()) >= 1
+        assert float(c.map_partitions(lambda x: [x.sum()]).sum()) == sum(expected(16))
+
+
+def test_a_spilled_partition_whose_holder_is_killed_is_recomputed_through_lineage():
+    with clamor.Cluster(workers=2, worker_memory=BUDGETS) as cluster:
+        a = persist_block(cluster, 0)
+        persist_block(cluster, 8)  # a's partitions on worker 0 spill to worker 1
+        # a spill rides the worker's next TaskFinished: the last one may come just after
+        deadline = time.monotonic() + 10
+        while [h for h, _ in where(cluster, a)] != [1] * 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [h for h, _ in where(cluster, a)] == [1] * 8
+        before = plan.recovery_counters(cluster)["tasks_recomputed"]
+
+        cluster.kill_worker(1)  # the holder of every partition of a, spilled ones included
+
+        assert totals(a) == expected(0)
+        assert plan.recovery_counters(cluster)["tasks_recomputed"] - before >= 8
+        assert {h for h, _ in where(cluster, a)} == {0}  # recomputed on the survivor, over its
+        assert stats(cluster)[0]["partition_bytes"] <= 4 * MiB  # budget: the rest on its disk
+
+
+def test_spill_to_disk_only_keeps_peers_out_of_it_and_gives_the_same_results():
+    with clamor.Cluster(workers=2, worker_memory=BUDGETS, spill="disk") as cluster:
+        a = persist_block(cluster, 0)
+        b = persist_block(cluster, 8)
+        s = stats(cluster)
+        assert s[1]["guests_taken"] == 0
+        assert s[0]["spilled_to_disk"] == 4 and s[0]["partitions_on_disk"] == 4
+        assert sum(tier == "disk" for _, tier in where(cluster, a) + where(cluster, b)) == 4
+        assert totals(a) == expected(0) and totals(b) == expected(8)
+        assert len(spill_files()) == 4
+    assert spill_files() == []  # closing the cluster removes what its workers spilled
+
+
+def test_bad_budgets_and_spill_policies_are_refused_before_any_worker_starts():
+    with pytest.raises(ValueError, match="spill must be one of"):
+        clamor.Cluster(workers=1, spill="tape")
+    with pytest.raises(ValueError, match="is not a size"):
+        clamor.Cluster(workers=1, worker_memory="lots")
+    with pytest.raises(ValueError, match="must be positive"):
+        clamor.Cluster(workers=1, worker_memory=0)
+    with pytest.raises(ValueError, match="worker ids"):
+        clamor.Cluster(workers=1, worker_memory={"w0": "1GiB"})
+
+
+def test_the_default_budget_is_a_fair_share_of_this_hosts_memory():
+    import psutil
+    from clamor.runtime.paging import memory
+
+    with clamor.Cluster(workers=2) as cluster:
+        s = stats(cluster)
+        share = int(psutil.virtual_memory().total * memory.HOST_SHARE) // 2
+        assert s[0]["memory_budget"] == s[1]["memory_budget"] == share
+        assert s[0]["partition_budget"] + s[0]["page_cache_budget"] == share
+
+
+def test_tasks_over_an_arena_array_go_where_its_pages_are_cached():
+    """Placement by pages: a partition of an arena array runs on the worker caching its
+    pages (by the driver's directory), whatever the worker-by-room order would say."""
+    with clamor.Cluster(workers=2, transport="tcp") as cluster:
+        x = clamor.array(8 * MiB // 8, np.float64)
+        x[:] = np.arange(len(x)) % 7
+        ds = cluster.parallelize(x, partitions=8)
+        half = len(x) // 2
+        # each worker caches the half that placement by room alone would give the other
+        cluster.run_stage([(1, np.sum, (x[:half],)), (0, np.sum, (x[half:],))])
+        before = {i: w["pages_fetched"] for i, w in stats(cluster).items()}
+
+        sums = ds.map_partitions(lambda p: [float(p.sum())]).collect()
+
+        assert sums == [float(p.sum()) for p in np.array_split(x, 8)]
+        fetched = {i: w["pages_fetched"] - before[i] for i, w in stats(cluster).items()}
+        assert fetched == {0: 0, 1: 0}  # every task found its pages where it ran
+
+
+def test_spill_targets_are_the_other_workers_with_room_most_free_memory_first():
+    from clamor.runtime.paging.memory import Budgets
+
+    budgets = Budgets({0: 8 * MiB, 1: 24 * MiB, 2: 24 * MiB}, local_workers=3)  # 4, 12, 12 MiB
+    held = {0: 4 * MiB, 1: 5 * MiB, 2: 11 * MiB}
+    assert budgets.free(held, exclude=0, at_least=MiB) == [(1, 7 * MiB), (2, MiB)]
+    assert budgets.free(held, exclude=1, at_least=2 * MiB) == []  # worker 0 is full, 2 nearly
