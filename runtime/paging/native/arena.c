@@ -22,6 +22,10 @@
  *   never been handed out and fresh memfd pages are zero) and realloc's
  *   copy, both done after the lock is released so that a write fault that
  *   blocks (a page held by a running stage) never blocks other allocators.
+ *
+ * Files: this one holds the state, creation, the API and the self check; the
+ * extent allocator is extents.c, the slabs slabs.c (both declared in
+ * arena_alloc.h, hidden from the module's exports).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -37,65 +41,13 @@
 #include <unistd.h>
 
 #include "clamor.h"
+#include "arena_alloc.h"
 #include "arena_internal.h"
 
-#define UNIT_SHIFT 12
-#define UNIT ((uint64_t)1 << UNIT_SHIFT)
-#define SLAB_SHIFT 16
-#define SLAB_BYTES ((uint64_t)1 << SLAB_SHIFT)
-#define SLAB_UNITS (SLAB_BYTES >> UNIT_SHIFT)
-#define SMALL_MAX 32768u
-#define MIN_OBJ 16u
-#define SLAB_WORDS (SLAB_BYTES / MIN_OBJ / 64)
-#define MAX_LARGE_ALIGN ((uint64_t)8 << 20)
-
-/* Size classes: multiples of 16 below 64, of 64 from there on (so objects of
- * 64 bytes or more are 64-byte aligned), about 4 classes per doubling. */
-static const uint32_t class_size[] = {
-    16,    32,    48,    64,    128,   192,   256,   320,   384,
-    448,   512,   640,   768,   896,   1024,  1280,  1536,  1792,
-    2048,  2560,  3072,  3584,  4096,  5120,  6144,  7168,  8192,
-    10240, 12288, 14336, 16384, 20480, 24576, 28672, 32768,
-};
-#define NCLASSES (sizeof class_size / sizeof class_size[0])
-
-typedef struct {
-    uint32_t start; /* in units */
-    uint32_t len;   /* in units, > 0 */
-} extent_t;
-
-typedef struct slab {
-    struct slab *prev, *next; /* list of slabs of this class with free objects */
-    uint32_t unit;            /* first unit of the slab */
-    uint16_t cls, nobj, nfree, hint; /* hint: lowest word that may have a free bit */
-    uint64_t bits[SLAB_WORDS];       /* 1 = allocated (or beyond nobj) */
-} slab_t;
-
-static struct {
-    pthread_mutex_t lock;
-    atomic_int created;
-    atomic_int orphaned;  /* forked child: the allocator state belongs to the parent */
-    int fd;
-    uint8_t *base;
-    uint64_t size, nunits;
-    uint64_t large_align, align_units;
-    uint64_t small_limit; /* largest request served from slabs */
-
-    extent_t *ext;        /* free extents, sorted by start, coalesced */
-    size_t next, ext_cap;
-    uint32_t *blen;       /* per unit: length of the live extent block starting there */
-    size_t blen_bytes;
-    slab_t **slabs;       /* per 64 KiB: the slab there, or NULL */
-    size_t slabs_bytes;
-    slab_t *partial[NCLASSES];
-
-    uint64_t used, high_water, allocations, last_failed;
-} A = {
+arena_state_t A = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
     .fd = -1,
 };
-
-static uint8_t class_lut[SMALL_MAX / MIN_OBJ + 1]; /* (n + 15) / 16 -> class */
 
 /* ------------------------------------------------------------ helpers -- */
 
@@ -128,213 +80,6 @@ static void atfork_child(void)
 {
     atomic_store(&A.orphaned, 1);
     pthread_mutex_unlock(&A.lock);
-}
-
-/* ------------------------------------------------------------ extents -- */
-
-static int ext_reserve(size_t extra)
-{
-    if (A.next + extra <= A.ext_cap)
-        return 0;
-    size_t cap = A.ext_cap ? A.ext_cap * 2 : 64;
-    while (cap < A.next + extra)
-        cap *= 2;
-    extent_t *e = realloc(A.ext, cap * sizeof *e);
-    if (!e)
-        return -1;
-    A.ext = e;
-    A.ext_cap = cap;
-    return 0;
-}
-
-static void ext_remove(size_t i)
-{
-    memmove(&A.ext[i], &A.ext[i + 1], (A.next - i - 1) * sizeof *A.ext);
-    A.next--;
-}
-
-static void ext_insert(size_t i, uint64_t start, uint64_t len) /* capacity reserved */
-{
-    memmove(&A.ext[i + 1], &A.ext[i], (A.next - i) * sizeof *A.ext);
-    A.ext[i].start = (uint32_t)start;
-    A.ext[i].len = (uint32_t)len;
-    A.next++;
-}
-
-/* Index of the first free extent starting after `unit`. */
-static size_t ext_upper(uint64_t unit)
-{
-    size_t lo = 0, hi = A.next;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (A.ext[mid].start > unit)
-            hi = mid;
-        else
-            lo = mid + 1;
-    }
-    return lo;
-}
-
-static void bump_high_water(uint64_t end_unit)
-{
-    if (end_unit * UNIT > A.high_water)
-        A.high_water = end_unit * UNIT;
-}
-
-/* First fit of `n` units aligned to `align` units; -1 if nothing fits. */
-static int64_t ext_take(uint64_t n, uint64_t align)
-{
-    if (n == 0 || n > A.nunits)
-        return -1;
-    if (ext_reserve(1) < 0) /* a split may need one more slot */
-        return -1;
-    for (size_t i = 0; i < A.next; i++) {
-        uint64_t s = A.ext[i].start, l = A.ext[i].len;
-        if (l < n)
-            continue;
-        uint64_t a = (s + align - 1) & ~(align - 1);
-        if (a + n > s + l)
-            continue;
-        uint64_t front = a - s, back = s + l - (a + n);
-        if (front == 0 && back == 0) {
-            ext_remove(i);
-        } else if (front == 0) {
-            A.ext[i].start = (uint32_t)(a + n);
-            A.ext[i].len = (uint32_t)back;
-        } else if (back == 0) {
-            A.ext[i].len = (uint32_t)front;
-        } else {
-            A.ext[i].len = (uint32_t)front;
-            ext_insert(i + 1, a + n, back);
-        }
-        bump_high_water(a + n);
-        return (int64_t)a;
-    }
-    return -1;
-}
-
-/* Return [s, s+n) to the free extents, merging with its neighbours. */
-static void ext_give(uint64_t s, uint64_t n)
-{
-    size_t i = ext_upper(s);
-    int prev = i > 0 && (uint64_t)A.ext[i - 1].start + A.ext[i - 1].len == s;
-    int next = i < A.next && s + n == A.ext[i].start;
-    if (prev && next) {
-        A.ext[i - 1].len += (uint32_t)(n + A.ext[i].len);
-        ext_remove(i);
-    } else if (prev) {
-        A.ext[i - 1].len += (uint32_t)n;
-    } else if (next) {
-        A.ext[i].start = (uint32_t)s;
-        A.ext[i].len += (uint32_t)n;
-    } else if (ext_reserve(1) == 0) {
-        ext_insert(i, s, n);
-    } else {
-        /* Out of heap memory for the extent table: the units leak (they
-         * stay unusable), the arena itself stays consistent. */
-        fprintf(stderr, "clamor arena: out of memory, leaking %llu KiB\n",
-                (unsigned long long)(n * UNIT / 1024));
-    }
-}
-
-/* -------------------------------------------------------------- slabs -- */
-
-static void list_push(slab_t **head, slab_t *s)
-{
-    s->prev = NULL;
-    s->next = *head;
-    if (*head)
-        (*head)->prev = s;
-    *head = s;
-}
-
-static void list_remove(slab_t **head, slab_t *s)
-{
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        *head = s->next;
-    if (s->next)
-        s->next->prev = s->prev;
-    s->prev = s->next = NULL;
-}
-
-static slab_t *slab_new(unsigned cls)
-{
-    int64_t u = ext_take(SLAB_UNITS, SLAB_UNITS);
-    if (u < 0)
-        return NULL;
-    slab_t *s = calloc(1, sizeof *s);
-    if (!s) {
-        ext_give((uint64_t)u, SLAB_UNITS);
-        return NULL;
-    }
-    s->unit = (uint32_t)u;
-    s->cls = (uint16_t)cls;
-    s->nobj = (uint16_t)(SLAB_BYTES / class_size[cls]);
-    s->nfree = s->nobj;
-    /* Mark the bit positions past the last object as taken. */
-    unsigned w = s->nobj / 64, b = s->nobj % 64;
-    if (w < SLAB_WORDS && b)
-        s->bits[w] = ~(uint64_t)0 << b, w++;
-    for (; w < SLAB_WORDS; w++)
-        s->bits[w] = ~(uint64_t)0;
-    A.slabs[(uint64_t)u / SLAB_UNITS] = s;
-    list_push(&A.partial[cls], s);
-    return s;
-}
-
-static void *small_alloc(uint64_t n, uint64_t *usable)
-{
-    unsigned cls = class_lut[(n + MIN_OBJ - 1) / MIN_OBJ];
-    slab_t *s = A.partial[cls];
-    if (!s && !(s = slab_new(cls)))
-        return NULL;
-    for (unsigned w = s->hint; w < SLAB_WORDS; w++) {
-        uint64_t freebits = ~s->bits[w];
-        if (!freebits)
-            continue;
-        unsigned b = (unsigned)__builtin_ctzll(freebits);
-        s->bits[w] |= (uint64_t)1 << b;
-        s->hint = (uint16_t)w;
-        if (--s->nfree == 0)
-            list_remove(&A.partial[cls], s);
-        A.used += class_size[cls];
-        A.allocations++;
-        *usable = class_size[cls];
-        uint64_t off = (uint64_t)s->unit * UNIT + (uint64_t)(w * 64 + b) * class_size[cls];
-        return A.base + off;
-    }
-    /* Unreachable: a slab on the partial list has a free bit at or above hint. */
-    return NULL;
-}
-
-/* Free a slab object at `off` inside slab `s`; 0, or -1 if not a live object. */
-static int small_free(slab_t *s, uint64_t off)
-{
-    uint64_t rel = off - (uint64_t)s->unit * UNIT, size = class_size[s->cls];
-    if (rel % size)
-        return -1;
-    uint64_t idx = rel / size;
-    if (idx >= s->nobj)
-        return -1;
-    unsigned w = (unsigned)(idx / 64), b = (unsigned)(idx % 64);
-    if (!(s->bits[w] >> b & 1))
-        return -1;
-    s->bits[w] &= ~((uint64_t)1 << b);
-    if (w < s->hint)
-        s->hint = (uint16_t)w;
-    if (s->nfree++ == 0)
-        list_push(&A.partial[s->cls], s);
-    A.used -= size;
-    A.allocations--;
-    if (s->nfree == s->nobj) {
-        list_remove(&A.partial[s->cls], s);
-        A.slabs[s->unit / SLAB_UNITS] = NULL;
-        ext_give(s->unit, SLAB_UNITS);
-        free(s);
-    }
-    return 0;
 }
 
 /* ------------------------------------------------- allocation (locked) -- */
@@ -480,11 +225,7 @@ int clamor_arena_create(uint64_t size, uint64_t large_align, char *err, size_t e
         goto fail;
     }
 
-    for (unsigned c = 0, i = 0; i <= SMALL_MAX / MIN_OBJ; i++) {
-        while (class_size[c] < i * MIN_OBJ)
-            c++;
-        class_lut[i] = (uint8_t)c;
-    }
+    slab_classes_init();
 
     A.fd = fd;
     A.base = base;

@@ -17,6 +17,8 @@ import numpy
 HERE = pathlib.Path(__file__).resolve().parent
 SOURCES = [
     "arena.c",
+    "extents.c",
+    "slabs.c",
     "numpy_handler.c",
     "protocol.c",
     "uffd.c",
