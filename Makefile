@@ -77,7 +77,7 @@ test-fast: kernelspec
 	$(PYTHON) -m pytest $(PYTEST_ARGS) -m "not slow"
 
 bench-paging: $(STAMP)
-	$(PYTHON) bench/paging.py
+	$(PYTHON) bench/run.py paging
 
 ## Peer systems of the benchmarks (Dask distributed, Ray, ipyparallel, Redis, mpi4py with
 ## OpenMPI, PySpark with Java); benchmarks only, the tests need none of them.
@@ -101,17 +101,17 @@ bench-quick: $(STAMP) bench-deps
 
 ## Per-task and per-stage overhead of empty tasks, Clamor vs. Dask, Ray and ipyparallel.
 bench-overhead: $(STAMP) bench-deps
-	$(PYTHON) bench/overhead.py
+	$(PYTHON) bench/run.py overhead
 
-## Recovery from a killed worker and speculation against a straggler (bench/recovery.py).
+## Recovery from a killed worker and speculation against a straggler (bench/workloads/recovery.py).
 .PHONY: bench-recovery
 bench-recovery: $(STAMP) bench-deps
-	$(PYTHON) bench/recovery.py
+	$(PYTHON) bench/run.py recovery
 
-## What a live dashboard costs a running stage, in a real kernel (bench/dashboard.py).
+## What a live dashboard costs a running stage, in a real kernel (bench/workloads/dashboard.py).
 .PHONY: bench-dashboard
 bench-dashboard: kernelspec
-	$(PYTHON) bench/dashboard.py
+	$(PYTHON) bench/run.py dashboard
 
 proto:
 	$(PYTHON) runtime/net/proto/generate.py

@@ -48,11 +48,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 
-import network as netmode  # the module; `network` is the argument everywhere here
 import numpy as np
 import psutil
-from common import median, ratio
 from harness import CHILD_MARKER, busy_seconds, marked_processes, progress
+from harness import (
+    network as netmode,  # the module; `network` is the argument everywhere here
+)
+from harness.results import median, ratio
 
 if TYPE_CHECKING:
     from clamor.testing.netns import Network
@@ -450,7 +452,7 @@ def worker_memory(results: Sequence[tuple]) -> tuple[int, int]:
     pieces a task touched through the mapping, not the whole pages fetched into it. For
     every other system the two are the same (less any shared memory RSS counted twice).
     """
-    from common import tree_rss
+    from harness.results import tree_rss
 
     pids = {r[-1] for r in results}
     mem = 0

@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
-"""Run every benchmark workload in turn, then write the report.
+"""Run the benchmarks: every workload in turn and the report, or one workload.
 
     python bench/run.py [--quick] [--only lookups,kmeans] [--timeout SECONDS] [--network [RATE]]
+    python bench/run.py NAME [ARGS]      # one workload, bench/workloads/NAME.py, with its own ARGS
 
-Each workload script (``bench/<name>.py``) runs as a subprocess (with ``--quick`` when
+bench/ is laid out as ``workloads/`` (one script per measured job), ``peers.py`` (the
+Dask and Ray sessions they are compared with), ``harness/`` (child processes, result
+rows, the machine, simulated networks) and ``report/``; this file is the one entry
+point, so that every workload runs with ``bench/`` on its import path.
+
+Each workload script (``bench/workloads/<name>.py``) runs as a subprocess (with ``--quick`` when
 given), one after the other so that they never share the machine; a script that is
 missing, fails or overruns its time limit is recorded and the run goes on. Finally
-``bench/report.py`` writes ``bench/results/REPORT.md``. A summary of every workload's
+``bench/report/summary.py`` writes ``bench/results/REPORT.md``
+(``python bench/run.py report`` writes it alone). A summary of every workload's
 status and duration goes to ``bench/results/run.log.json`` and stderr; the exit status
 is 1 if any workload failed.
 
@@ -23,18 +30,21 @@ import argparse
 import datetime
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import network
+from harness import network
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RESULTS = BENCH / "results"
 WORKLOADS = ("lookups", "streaming", "kdtree", "replication", "spill", "logreg", "kmeans", "overhead")
+#: Every script in workloads/, also those the full run leaves to their own make targets.
+ALL_WORKLOADS = tuple(sorted(p.stem for p in (BENCH / "workloads").glob("*.py") if p.stem != "__init__"))
 #: The workloads with a network mode (``--network``), run after all the loopback ones.
 NETWORK_WORKLOADS = ("lookups", "streaming", "replication", "kdtree")
 
@@ -42,12 +52,12 @@ NETWORK_WORKLOADS = ("lookups", "streaming", "replication", "kdtree")
 def run_one(name: str, quick: bool, timeout: float, network: str | None = None) -> dict:
     """Run ``bench/<name>.py`` to completion (or its time limit); what happened. With
     ``network`` (a rate): its network mode, logged as ``<name>-network``."""
-    script = BENCH / f"{name}.py"
+    script = BENCH / "workloads" / f"{name}.py"
     if network is not None:
         name = f"{name}-network"
     if not script.exists():
         return {"workload": name, "status": "missing", "detail": f"{script.name} not found"}
-    cmd = [sys.executable, str(script)] + (["--quick"] if quick else [])
+    cmd = [sys.executable, str(BENCH / "run.py"), script.stem] + (["--quick"] if quick else [])
     cmd += [f"--network={network}"] if network is not None else []
     print(f"== {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
@@ -72,7 +82,21 @@ def run_one(name: str, quick: bool, timeout: float, network: str | None = None) 
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def run_workload(name: str, argv: list[str]) -> None:
+    """``bench/workloads/NAME.py ARGS`` as ``__main__``, in this process."""
+    sys.argv = [f"{sys.argv[0]} {name}", *argv]
+    runpy.run_path(str(BENCH / "workloads" / f"{name}.py"), run_name="__main__")
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ALL_WORKLOADS:
+        run_workload(sys.argv[1], sys.argv[2:])
+        return
+    if sys.argv[1:] == ["report"]:  # only the summary, from the results there are
+        from report import summary
+
+        summary.main()
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="each workload's --quick sizes")
     ap.add_argument("--only", default="", help=f"comma-separated workloads among {','.join(WORKLOADS)}")
@@ -96,7 +120,7 @@ def main() -> None:
                 print(f"== {w}-network: skipped ({reason})", file=sys.stderr, flush=True)
             else:
                 log.append(run_one(w, args.quick, 2 * timeout, args.network))
-    report = subprocess.run([sys.executable, str(BENCH / "report.py")], cwd=ROOT, check=False)
+    report = subprocess.run([sys.executable, str(BENCH / "run.py"), "report"], cwd=ROOT, check=False)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "run.log.json").write_text(json.dumps(
         {"started": started, "quick": args.quick, "network": args.network, "workloads": log,

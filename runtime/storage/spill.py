@@ -10,7 +10,7 @@ recently used first, as ``Cluster(spill=...)`` says:
 
 (There is no "drop and recompute" policy: a dropped persisted partition would be
 recomputed from lineage by a recovery stage whose outputs push the stage's other
-inputs out of memory in turn; bench/spill.py measures recomputing instead by not
+inputs out of memory in turn; bench/workloads/spill.py measures recomputing instead by not
 persisting what does not fit.)
 
 Tasks never notice: ``get`` reads a spilled partition back from its file or

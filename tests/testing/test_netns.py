@@ -1,7 +1,7 @@
 """Simulated hosts (clamor.testing.netns): the driver's uplink shaping and workers in
 namespaces (:class:`~clamor.testing.netns.NamespaceLauncher`).
 
-The benchmarks' network mode (bench/network.py) relies on both: the driver's traffic
+The benchmarks' network mode (bench/harness/network.py) relies on both: the driver's traffic
 to all hosts must share one link (its NIC) while host-to-host traffic does not cross
 it, and a cluster's workers must run on the hosts, serving pages to each other on
 their own addresses. Needs root (skipped without it), ``ip`` and ``tc`` (``make test`` installs them).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """k-d tree 10-NN queries in one region: Clamor vs. Redis GEOSEARCH, Dask and Ray.
 
-    python bench/kdtree.py [--quick] [--repeat R] [--only clamor,redis,dask,ray]
+    python bench/run.py kdtree [--quick] [--repeat R] [--only clamor,redis,dask,ray]
                            [--points N] [--queries Q] [--timeout S] [--network [RATE]]
 
 The paper's geographic workload (issue 8, DESIGN.md section 9): N points around real
@@ -57,10 +57,9 @@ from pathlib import Path
 from typing import Any
 
 import harness
-import network
 import numpy as np
-from common import goal, goal_lines, median, ratio, row, save
-from harness import progress
+from harness import network, progress
+from harness.results import goal, goal_lines, median, ratio, row, save
 from peers import DaskSession, RaySession
 
 SYSTEMS = ("clamor", "redis", "dask", "ray")
@@ -504,7 +503,7 @@ def main() -> None:
                    "tasks": TASKS, "k": K, "leaf_size": 40, "region": REGION, "transport": args.transport,
                    "redis_first_radius_km": R0_KM, "systems": systems,
                    **network.params(args.network, WORKERS),
-                   "command": "python bench/kdtree.py" + "".join(f" {a}" for a in sys.argv[1:])},
+                   "command": "python bench/run.py kdtree" + "".join(f" {a}" for a in sys.argv[1:])},
         "page_size": next((r.get("page_size") for r in rows if r["system"] == "clamor" and r.get("page_size")), None),
         "rows": rows,
     }

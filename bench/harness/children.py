@@ -8,6 +8,7 @@ other load, and kill whatever a child leaves behind.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -30,7 +32,15 @@ BUSY_CORES = 0.1
 CHILD_MARKER = "CLAMOR_BENCH_CHILD"
 STOP_GRACE = 30.0  # seconds a stopped child gets to shut its system down
 SWEEP_GRACE = 20.0  # seconds the child's processes get to exit after it did
-ROOT = Path(__file__).resolve().parent.parent
+#: ``bench/run.py``: every workload runs through it (``run.py NAME ARGS``).
+RUN = Path(__file__).resolve().parents[1] / "run.py"
+ROOT = RUN.parents[1]
+
+__all__ = [
+    "BUSY_CORES", "CHILD_MARKER", "ROOT", "RUN", "ChildRun", "Rows", "busy_seconds",
+    "child_main", "machine_load", "marked_processes", "progress", "run_all", "run_child",
+    "run_marked", "sweep", "wait_child", "wait_until_idle", "workload_command",
+]
 
 
 def progress(msg: str) -> None:
@@ -148,7 +158,7 @@ def wait_child(proc: subprocess.Popen, timeout: float, stop_grace: float) -> str
     return failure
 
 
-# --- one measured system per child process (the result rows of common.py) ---------------
+# --- one measured system per child process (the result rows of results.py) ---------------
 
 
 class Rows(list):
@@ -171,7 +181,7 @@ def child_main(system: str, out: Path, cases: Sequence[str],
                measure: Callable[[str, Rows], None], label: str | None = None) -> None:  # fmt: skip
     """In the child: ``measure(system, rows)``; any failure becomes ``unavailable`` rows
     (named ``label``, default ``system``) for the cases it had not finished."""
-    from common import unavailable
+    from harness.results import unavailable
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"stopped by signal {signum}")
@@ -189,34 +199,67 @@ def child_main(system: str, out: Path, cases: Sequence[str],
                 rows.append(unavailable(label or system, case, why))
 
 
-def run_child(script: Path, system: str, argv: Sequence[str], cases: Sequence[str],
-              timeout: float, label: str | None = None) -> list[dict]:  # fmt: skip
-    """Run ``script --child system --child-out F argv`` in its own session, marked with
-    :data:`CHILD_MARKER`; its rows, with the processes it left behind killed and noted.
-    Cases it did not report become ``unavailable`` rows named ``label`` (default ``system``)."""
-    from common import unavailable
+def workload_command(script: Path | str) -> list[str]:
+    """The command that runs the workload ``bench/workloads/<stem>.py`` (through run.py,
+    which puts ``bench/`` on the path)."""
+    return [sys.executable, str(RUN), Path(script).stem]
 
+
+@dataclasses.dataclass
+class ChildRun:
+    """How one child went: what it wrote, what went wrong, what it left behind."""
+
+    output: Any  # the JSON it wrote to its output file; None if it wrote none
+    failure: str | None  # a time-out (it was stopped), or None
+    returncode: int
+    wall_s: float  # start to exit
+    leftovers: list[str]  # its processes still there after the grace period (killed)
+    waited_s: float  # the grace period used
+
+
+def run_marked(command: Callable[[Path], Sequence[str]], timeout: float,
+               env: dict[str, str] | None = None) -> ChildRun:  # fmt: skip
+    """Run ``command(out)`` in its own session, marked with :data:`CHILD_MARKER` (which
+    its workers and daemons inherit), until it exits or overruns ``timeout``; then sweep
+    its processes. ``out`` is a fresh file the child may write its JSON result to.
+    Ctrl-C stops the child, sweeps, and raises ``KeyboardInterrupt``."""
     marker = uuid.uuid4().hex
-    env = dict(os.environ, **{CHILD_MARKER: marker}, RAY_USAGE_STATS_ENABLED="0",
+    env = dict(os.environ, **(env or {}), **{CHILD_MARKER: marker}, RAY_USAGE_STATS_ENABLED="0",
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="clamor-bench-") as tmp:
-        out = Path(tmp) / "rows.json"
-        cmd = [sys.executable, str(script), "--child", system, "--child-out", str(out), *argv]
+        out = Path(tmp) / "out.json"
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(list(command(out)), env=env, stdout=sys.stderr, cwd=ROOT,
+                                start_new_session=True)  # fmt: skip
         failure = wait_child(proc, timeout, STOP_GRACE)
-        leftovers, _ = sweep(CHILD_MARKER, marker, SWEEP_GRACE)
+        wall = time.perf_counter() - t0
+        leftovers, waited = sweep(CHILD_MARKER, marker, SWEEP_GRACE)
         if failure == "interrupted":
             raise KeyboardInterrupt
-        rows = json.loads(out.read_text()) if out.exists() else []
-    why = failure or f"the child exited with status {proc.returncode} before this case"
+        output = json.loads(out.read_text()) if out.exists() else None
+    if leftovers:
+        progress(f"  killed {len(leftovers)} process(es) left behind: {leftovers}")
+    return ChildRun(output, failure, proc.returncode, wall, leftovers, waited)
+
+
+def run_child(script: Path, system: str, argv: Sequence[str], cases: Sequence[str],
+              timeout: float, label: str | None = None) -> list[dict]:  # fmt: skip
+    """Run ``script --child system --child-out F argv`` through :func:`run_marked`; its
+    rows, with the processes it left behind noted. Cases it did not report become
+    ``unavailable`` rows named ``label`` (default ``system``)."""
+    from harness.results import unavailable
+
+    run = run_marked(lambda out: [*workload_command(script), "--child", system,
+                                  "--child-out", str(out), *argv], timeout)  # fmt: skip
+    rows = run.output or []
+    why = run.failure or f"the child exited with status {run.returncode} before this case"
     done = {r["case"] for r in rows}
     rows += [unavailable(label or system, c, why) for c in cases if c not in done]
     for r in rows:
-        r["child_elapsed_s"] = time.perf_counter() - t0
-        r["left_behind"] = leftovers
-        if leftovers:
-            r["note"] = "; ".join(x for x in (r["note"], f"left {len(leftovers)} process(es) behind (killed)") if x)
+        r["child_elapsed_s"] = run.wall_s
+        r["left_behind"] = run.leftovers
+        if run.leftovers:
+            r["note"] = "; ".join(x for x in (r["note"], f"left {len(run.leftovers)} process(es) behind (killed)") if x)
         progress(f"  {r['system']} {r['case']}: "
                  + (f"median {statistics.median(r['seconds']):.3f} s" if r["seconds"] else r["note"]))
     return rows

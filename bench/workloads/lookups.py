@@ -2,7 +2,7 @@
 """Sparse lookups into a large table touching 1 %, 10 %, 100 % of its pages: Clamor's
 demand paging against broadcasting the table with Dask, Ray and ipyparallel.
 
-    python bench/lookups.py [--quick] [--repeat R] [--only clamor,dask,ray,ipyparallel]
+    python bench/run.py lookups [--quick] [--repeat R] [--only clamor,dask,ray,ipyparallel]
                             [--table-mib M] [--tasks T] [--lookups L] [--page-size B]
                             [--network [RATE]]
 
@@ -52,10 +52,9 @@ import sys
 import time
 from pathlib import Path
 
-import network
 import numpy as np
-from common import goal, median, ratio, row, save
-from harness import child_main, progress, run_all
+from harness import child_main, network, progress, run_all
+from harness.results import goal, median, ratio, row, save
 from peers import (
     PEERS,
     WORKERS,
@@ -245,7 +244,7 @@ def main() -> None:
                                      args.network, WORKERS),
               "params": {**p, **network.params(args.network, WORKERS), "systems": chosen,
                          "elapsed_s": time.perf_counter() - t0,
-                         "command": " ".join(["python bench/lookups.py", *sys.argv[1:]]),
+                         "command": " ".join(["python bench/run.py lookups", *sys.argv[1:]]),
                          "loadavg": os.getloadavg()},
               "rows": rows}  # fmt: skip
     result["goals"] = goals(result)

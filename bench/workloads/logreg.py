@@ -2,7 +2,7 @@
 """Sparse logistic regression with Criteo-like hashed features: a parameter server
 (weights demand-paged from the arena) vs. broadcasting the weights every iteration.
 
-    python bench/logreg.py [--quick] [--repeat R] [--only clamor,dask,ray,ipyparallel]
+    python bench/run.py logreg [--quick] [--repeat R] [--only clamor,dask,ray,ipyparallel]
 
 The model is a weight vector of D float64 (10^8 = 800 MB; ``--quick``: 10^7). The
 examples look like Criteo's: 39 fields (13 bucketised counts with a value, 26
@@ -43,8 +43,8 @@ from typing import Any
 
 import harness
 import numpy as np
-from common import goal, ratio, row, save, tree_rss, unavailable
 from harness import progress
+from harness.results import goal, ratio, row, save, tree_rss, unavailable
 
 WORKERS = 2
 FIELDS, NUMERIC = 39, 13

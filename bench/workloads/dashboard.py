@@ -9,8 +9,8 @@ updating the Bokeh models and sending the changes. The stage time is measured in
 kernel around ``collect()``. Runs alternate on/off in pairs, order flipped each pair,
 so drift hits both sides alike; the report gives medians, spreads and the ratio.
 
-    python bench/dashboard.py            # 9 pairs, ~2 min on 2 cores
-    python bench/dashboard.py --quick    # 3 pairs
+    python bench/run.py dashboard            # 9 pairs, ~2 min on 2 cores
+    python bench/run.py dashboard --quick    # 3 pairs
 
 Writes bench/results/dashboard.md and dashboard.json.
 """
@@ -20,18 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import jupyter_client
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import progress
-from machine import ROOT, git, machine, package_versions
-
-RESULTS = ROOT / "bench" / "results"
+from harness.machine import git, machine, package_versions
+from harness.results import RESULTS
 
 SETUP = """
 import json, time

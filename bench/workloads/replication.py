@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hot-page replication: Zipf lookups from 4 workers, replication on vs. off.
 
-    python bench/replication.py [--quick] [--repeat R] [--only on,off]
+    python bench/run.py replication [--quick] [--repeat R] [--only on,off]
                                 [--table-mib M] [--lookups L] [--zipf S] [--network [RATE]]
 
 The dynamic-replication figure of the paper (issue 8, DESIGN.md section 9), scaled
@@ -43,10 +43,9 @@ from pathlib import Path
 from typing import Any
 
 import harness
-import network
 import numpy as np
-from common import goal, goal_lines, median, row, save
-from harness import progress
+from harness import network, progress
+from harness.results import goal, goal_lines, median, row, save
 
 WORKERS = 4
 TASKS_PER_WORKER = 2
@@ -248,7 +247,7 @@ def main() -> None:
         "params": {"table_mib": args.table_mib, "lookups": args.lookups, "zipf": args.zipf, "repeat": args.repeat,
                    "workers": WORKERS, "tasks_per_worker": TASKS_PER_WORKER, "transport": "tcp",
                    **network.params(args.network, WORKERS), "configs": configs,
-                   "command": "python bench/replication.py" + "".join(f" {a}" for a in sys.argv[1:])},
+                   "command": "python bench/run.py replication" + "".join(f" {a}" for a in sys.argv[1:])},
         "page_size": next((r.get("page_size") for r in rows if r.get("page_size")), None),
         "rows": rows,
     }  # fmt: skip

@@ -3,7 +3,7 @@
 between iterations. Clamor writes the key in place (one page invalidated and moved);
 Dask, Ray and ipyparallel ship the whole table again (re-scatter, re-put, re-push).
 
-    python bench/streaming.py [--quick] [--repeat R] [--only clamor,dask,ray,ipyparallel]
+    python bench/run.py streaming [--quick] [--repeat R] [--only clamor,dask,ray,ipyparallel]
                               [--table-mib M] [--iterations I] [--key-pages K]
                               [--network [RATE]]
 
@@ -45,10 +45,9 @@ import sys
 import time
 from pathlib import Path
 
-import network
 import numpy as np
-from common import goal, median, ratio, row, save
-from harness import child_main, progress, run_all
+from harness import child_main, network, progress, run_all
+from harness.results import goal, median, ratio, row, save
 from peers import (
     WORKERS,
     OtherLoad,
@@ -261,7 +260,7 @@ def main() -> None:
               "page_size": args.page_size, "title": network.title(text, args.network, WORKERS),
               "params": {**p, **network.params(args.network, WORKERS), "systems": chosen,
                          "elapsed_s": time.perf_counter() - t0,
-                         "command": " ".join(["python bench/streaming.py", *sys.argv[1:]]),
+                         "command": " ".join(["python bench/run.py streaming", *sys.argv[1:]]),
                          "loadavg": os.getloadavg()},
               "rows": rows}  # fmt: skip
     result["goals"] = goals(result)

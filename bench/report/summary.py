@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write ``bench/results/REPORT.md`` from every ``bench/results/*.json`` in the common format.
 
-    python bench/report.py
+    python bench/run.py report
 
 For each workload (a JSON written by ``common.save``): its title, parameters, page size,
 machine, commit and date; per case a table of every system with the median seconds,
@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from common import RESULTS, median, ratio, spread
+from harness.results import RESULTS, median, ratio, spread
 
 #: Workloads in the order the report shows them (others follow, alphabetically).
 ORDER = ("lookups", "lookups-network", "replication", "replication-network", "spill", "streaming",

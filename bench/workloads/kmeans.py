@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Dense k-means on 2 workers: Clamor vs. MPI (mpi4py + OpenMPI), Dask and Spark.
 
-    python bench/kmeans.py [--quick] [--repeat R] [--only clamor,mpi,dask,spark]
+    python bench/run.py kmeans [--quick] [--repeat R] [--only clamor,mpi,dask,spark]
 
 N points x 16 dims float64 (N = 2,000,000, 244 MiB; ``--quick``: 400,000) around k = 16
 Gaussian centres, seeded; the same k initial centroids (seeded picks) for everybody; a
@@ -39,9 +39,10 @@ from pathlib import Path
 
 import harness
 import numpy as np
-from common import goal, ratio, row, save, unavailable
 from harness import progress
-from logreg import RssSampler
+from harness.results import goal, ratio, row, save, unavailable
+
+from workloads.logreg import RssSampler
 
 WORKERS = 2
 SYSTEMS = ("clamor", "mpi", "dask", "spark")
@@ -205,7 +206,7 @@ def run_mpi(p: dict) -> list[dict]:
         return [unavailable("mpi", CASE, f"mpi4py not installed ({exc})")]
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"clamor-kmeans-mpi-{os.getpid()}.json"
     cmd = ["mpirun", "-n", str(WORKERS), "--allow-run-as-root", "--oversubscribe",
-           sys.executable, str(Path(__file__).resolve()), "--mpi-rank", "--child-out", str(out),
+           *harness.workload_command(__file__), "--mpi-rank", "--child-out", str(out),
            "--params", json.dumps(p)]
     try:
         proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, timeout=600, check=False)

@@ -1,8 +1,8 @@
 """The result format every peer benchmark writes, and the statistics it reports.
 
-A workload script (``bench/lookups.py``, ``bench/kdtree.py``, ...) measures each
-system in its own child process (see ``harness.py``) and saves one JSON file per
-workload with :func:`save`; ``bench/report.py`` turns all of them into
+A workload script (``bench/workloads/lookups.py``, ``bench/workloads/kdtree.py``, ...) measures each
+system in its own child process (see ``children.py``) and saves one JSON file per
+workload with :func:`save`; ``bench/report/summary.py`` turns all of them into
 ``bench/results/REPORT.md``. Rows hold raw seconds of every repetition, so the
 report can show medians *and* spread; ratios are always ``peer / clamor`` of the
 medians (above 1: Clamor is faster).
@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from machine import git, machine
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from harness.machine import git, machine
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def row(system: str, case: str, seconds: Iterable[float], *, bytes_moved: int | None = None,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-task and per-stage overhead of empty tasks on 2 workers: Clamor vs. Dask, Ray, ipyparallel.
 
-    python bench/overhead.py [--tasks N] [--repeat R] [--stages S] [--quick]
+    python bench/run.py overhead [--tasks N] [--repeat R] [--stages S] [--quick]
                              [--only clamor,dask,ray,ipyparallel]
 
 Every system gets 2 local worker processes on this machine and runs tasks that do
@@ -48,36 +48,28 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
-import uuid
 from pathlib import Path
 
 import psutil
 from harness import (
-    BUSY_CORES,
+    CHILD_MARKER,
     busy_seconds,
     marked_processes,
     progress,
-    sweep,
-    wait_child,
+    run_marked,
     wait_until_idle,
+    workload_command,
 )
-from machine import git, machine, package_versions
+from harness.machine import git_state, machine, package_versions
+from harness.results import RESULTS
+from report.overhead import add_ratios, render
 
-RESULTS = Path(__file__).resolve().parent / "results"
-ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("clamor", "dask", "ray", "ipyparallel")
 WORKERS = 2
-MARKER = (
-    "CLAMOR_OVERHEAD_BENCH"  # in every child's environment, inherited by its daemons
-)
 CHILD_TIMEOUT = 900.0  # default seconds for one system, start-up to shut-down
-STOP_GRACE = 30.0  # seconds a child gets to shut its system down when stopped
-SWEEP_GRACE = 20.0  # seconds the child's processes get to exit after it did
 PACKAGES = (
     "clamor-jupyter",
     "dask",
@@ -122,11 +114,11 @@ class LoadMeter:
     """
 
     def __init__(self) -> None:
-        self.marker = os.environ.get(MARKER)
+        self.marker = os.environ.get(CHILD_MARKER)
 
     def snapshot(self) -> tuple[float, float, dict[int, float]]:
         busy = busy_seconds()
-        procs = marked_processes(MARKER, self.marker, include_self=True) if self.marker else []
+        procs = marked_processes(CHILD_MARKER, self.marker, include_self=True) if self.marker else []
         own = {}
         for p in procs:
             with contextlib.suppress(psutil.Error):  # gone meanwhile
@@ -488,228 +480,24 @@ def child_main(system: str, n: int, reps: int, stages: int, out: Path) -> None:
 
 
 def run_child(system: str, args: argparse.Namespace) -> dict:
-    marker = uuid.uuid4().hex
-    env = dict(os.environ, **{MARKER: marker}, RAY_USAGE_STATS_ENABLED="0")
-    with tempfile.TemporaryDirectory(prefix="clamor-overhead-") as tmp:
-        out = Path(tmp) / "rows.json"
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            system,
-            "--child-out",
-            str(out),
-            "--tasks",
-            str(args.tasks),
-            "--repeat",
-            str(args.repeat),
-            "--stages",
-            str(args.stages),
-        ]
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            cmd, env=env, stdout=sys.stderr, cwd=ROOT, start_new_session=True
-        )
-        failure = wait_child(proc, args.timeout, STOP_GRACE)
-        leftovers, waited = sweep(MARKER, marker, SWEEP_GRACE)
-        if failure == "interrupted":
-            raise KeyboardInterrupt
-        elapsed = time.perf_counter() - t0
-        rows = json.loads(out.read_text()) if out.exists() else {}
-    why = failure or f"the child exited with status {proc.returncode} before this row"
+    """One system in its own child (:func:`harness.run_marked`); its rows, every row
+    it did not finish marked unavailable with the reason."""
+    argv = ["--tasks", str(args.tasks), "--repeat", str(args.repeat), "--stages", str(args.stages)]
+    run = run_marked(lambda out: [*workload_command(__file__), "--child", system,
+                                  "--child-out", str(out), *argv], args.timeout)  # fmt: skip
+    rows = run.output or {}
+    why = run.failure or f"the child exited with status {run.returncode} before this row"
     for name in ROWS[system]:
         rows.setdefault(name, {"status": "unavailable", "reason": why})
         r = rows[name]
-        if failure and r["status"] != "ok" and r["reason"] != why:
-            r["reason"] = f"{failure}: {r['reason']}"
+        if run.failure and r["status"] != "ok" and r["reason"] != why:
+            r["reason"] = f"{run.failure}: {r['reason']}"
     for name, row in rows.items():
         row.setdefault("api", ROWS[system].get(name, ""))
-        row["child_elapsed_s"] = elapsed
-        row["left_behind"] = leftovers
-        row["exit_wait_s"] = waited
-    if leftovers:
-        progress(f"  {system}: killed {len(leftovers)} process(es) left behind:")
-        for x in leftovers:
-            progress(f"    {x}")
+        row["child_elapsed_s"] = run.wall_s
+        row["left_behind"] = run.leftovers
+        row["exit_wait_s"] = run.waited_s
     return rows
-
-
-def git_state() -> dict:
-
-    return {
-        "commit": git("rev-parse", "--short", "HEAD") or "?",
-        "runtime_dirty": bool(git("status", "--porcelain", "--", "runtime")),
-    }
-
-
-def baseline(rows: dict) -> str | None:
-    """The Clamor row the ratios are against: the stage API if measured, else the next."""
-    for name in ("clamor", "clamor (dataset API)", "clamor (run_stage)"):
-        if rows.get(name, {}).get("status") == "ok":
-            return name
-    return None
-
-
-def add_ratios(result: dict) -> None:
-    rows = result["rows"]
-    base = result["baseline"] = baseline(rows)
-    if base is None:
-        return
-    b = rows[base]
-    for name, row in rows.items():
-        if row.get("status") == "ok" and name != base:
-            row["task_ratio"] = row["per_task_us"] / b["per_task_us"]
-            row["stage_ratio"] = row["per_stage_ms"] / b["per_stage_ms"]
-
-
-def headline(result: dict) -> list[str]:
-    base = result["baseline"]
-    if base is None:
-        return ["No Clamor row was measured, so there are no ratios."]
-    out = (
-        []
-        if any(
-            not n.startswith("clamor") and r.get("status") == "ok"
-            for n, r in result["rows"].items()
-        )
-        else ["No peer was measured."]
-    )
-    for name, row in result["rows"].items():
-        if name.startswith("clamor") or row.get("status") != "ok":
-            continue
-        t, s = row["task_ratio"], row["stage_ratio"]
-        out.append(
-            f"- **{name}/Clamor = {t:.1f}×** per task, **{s:.1f}×** per stage"
-            + (f" (Clamor is **slower** than {name} per task)" if t < 1 else "")
-            + (f" (Clamor is **slower** than {name} per stage)" if s < 1 else "")
-        )
-    return out
-
-
-def ratio_cell(r: dict, key: str, is_base: bool) -> str:
-    if is_base:
-        return "1 (baseline)"
-    if key not in r:
-        return "—"
-    return f"**{r[key]:.2f}×**"
-
-
-def render(result: dict) -> str:
-    m, p = result["machine"], result["parameters"]
-    rows = result["rows"]
-    base = result["baseline"]
-
-    def row(*cells) -> str:
-        return "| " + " | ".join(str(c) for c in cells) + " |"
-
-    def spread(xs: list[float], f: str) -> str:
-        return f"{min(xs):{f}}–{max(xs):{f}}"
-
-    pk = ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v)
-    lines = [
-        "# Overhead of empty tasks on 2 workers: Clamor vs. Dask, Ray, ipyparallel",
-        "",
-        (
-            f"Run {result['date']} on `{m['hostname']}`: nproc {m['nproc']} "
-            f"(cpu_count {m['cpu_count']}), {m['cpu']}, Linux {m['kernel']}, "
-            f"Python {m['python']}. Packages: {pk}. Command: `{p['command']}` "
-            f"(total {result['elapsed_s']:.0f} s), at commit `{result['git']['commit']}`"
-            + (
-                " with uncommitted changes in runtime/"
-                if result["git"]["runtime_dirty"]
-                else ""
-            )
-            + f". Load average before / after: {result['loadavg_before']} / "
-            f"{result['loadavg_after']}."
-        ),
-        "",
-        (
-            f"Parameters: {WORKERS} worker processes per system; per task: one stage of "
-            f"N = {p['tasks']} empty tasks, wall time / N, median of R = {p['repeat']} "
-            f"repetitions after one untimed warm-up batch of N; per stage: a stage of "
-            f"{WORKERS} empty tasks, S = {p['stages']} in a row, wall time / S, median of "
-            f"R = {p['repeat']} (after a warm-up of max(10, S/10) stages). Tasks are not "
-            "pinned to workers (each scheduler places them), except in the `run_stage` "
-            "row. Each system runs alone, in its own child process, one after the other "
-            f"({', '.join(p['systems'])})."
-        ),
-        "",
-    ]
-    if base is not None:
-        lines += [
-            f"## Headline (peer ÷ Clamor; Clamor = `{base}` row)",
-            "",
-            *headline(result),
-            "",
-        ]
-    lines += [
-        "## Results",
-        "",
-        row(
-            "system",
-            "per task (µs)",
-            "per stage (ms)",
-            "per-task ratio ÷ Clamor",
-            "per-stage ratio ÷ Clamor",
-            "per task, min–max (µs)",
-            "per stage, min–max (ms)",
-            "start-up (s)",
-            "other load (cores)",
-            "API",
-        ),
-        row(*["---"] + ["---:"] * 8 + ["---"]),
-    ]
-    notes = []
-    for name, r in rows.items():
-        api = r.get("api", "")
-        start = f"{r['startup_s']:.1f}" if r.get("startup_s") is not None else ""
-        if r.get("status") != "ok":
-            lines.append(
-                row(name, "—", "—", "—", "—", "", "", start, "", f"{r['reason']}")
-            )
-            continue
-        is_base = name == base
-        lines.append(
-            row(
-                f"**{name}**" if is_base else name,
-                f"{r['per_task_us']:.1f}",
-                f"{r['per_stage_ms']:.2f}",
-                ratio_cell(r, "task_ratio", is_base),
-                ratio_cell(r, "stage_ratio", is_base),
-                spread(r["per_task_runs_us"], ".1f"),
-                spread(r["per_stage_runs_ms"], ".2f"),
-                start,
-                f"{r['load']['other_cores']:.2f}"
-                + (" **perturbed**" if r["load"]["other_cores"] > BUSY_CORES else ""),
-                api,
-            )
-        )
-        if r.get("left_behind"):
-            notes.append(
-                f"- {name}: left {len(r['left_behind'])} process(es) behind after "
-                "shutting down (killed by the benchmark): "
-                + "; ".join(r["left_behind"])
-            )
-    for name, r in rows.items():
-        if r.get("status") != "ok" and r.get("left_behind"):
-            notes.append(
-                f"- {name}: left {len(r['left_behind'])} process(es) behind (killed)"
-            )
-    lines += [
-        "",
-        (
-            "Ratios above 1 mean the peer's overhead is higher than Clamor's. Start-up is "
-            "the time to a cluster ready to run tasks (context only, not in the ratios). "
-            "Other load: CPU used by processes outside the measured system during its "
-            "timed runs (machine busy time from /proc/stat minus the system's own "
-            f"processes); above {BUSY_CORES:g} cores the row is flagged as perturbed."
-        ),
-    ]
-    if notes:
-        lines += ["", "## Processes left behind", "", *notes]
-    else:
-        lines += ["", "Every system shut down cleanly: no process was left behind."]
-    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -757,7 +545,7 @@ def main() -> None:
         ap.error(
             f"unknown system(s) {', '.join(bad)}; choose among {', '.join(SYSTEMS)}"
         )
-    command = "python bench/overhead.py" + "".join(f" {a}" for a in sys.argv[1:])
+    command = "python bench/run.py overhead" + "".join(f" {a}" for a in sys.argv[1:])
     started = time.perf_counter()
     result: dict = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 #: The repository's root (benchmarks report its commit).
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def machine(**extra: object) -> dict:
@@ -59,3 +59,17 @@ def git(*args: str) -> str:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def git_state() -> dict:
+    """The commit measured, and the uncommitted changes to the code it measures."""
+    changes = [  # "XY path" lines: the paths
+        line.split(maxsplit=1)[-1]
+        for line in git("status", "--porcelain", "--", "runtime", "clamor").splitlines()
+        if line.strip()
+    ]
+    return {
+        "commit": git("rev-parse", "--short", "HEAD") or "?",
+        "runtime_dirty": bool(changes),
+        "runtime_changes": changes,
+    }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Persisted partitions beyond a worker's budget: spill to a peer's memory, to disk, or recompute.
 
-    python bench/spill.py [--quick] [--partitions P] [--passes T]
+    python bench/run.py spill [--quick] [--partitions P] [--passes T]
                           [--only peer,disk,recompute,memory] [--timeout SECONDS] [--wait-idle SECONDS]
 
 R3S's spilling experiment (issue 9, DESIGN.md section 5, "Memory budgets"), scaled
@@ -72,8 +72,8 @@ from typing import Any
 
 import harness
 import numpy as np
-from common import goal, goal_lines, row, save
 from harness import progress
+from harness.results import goal, goal_lines, row, save
 
 MiB = 1 << 20
 WORKERS = 2
@@ -358,7 +358,7 @@ def main() -> None:
         "params": {"partitions": args.partitions, "passes": args.passes, "workers": WORKERS,
                    "partition_mib": 1, "modes": modes,
                    "worker_memory": "{0: D/2, 1: 3D/2} (recompute, memory: 3D/2 each), D = partitions MiB",
-                   "command": "python bench/spill.py" + "".join(f" {a}" for a in sys.argv[1:])},
+                   "command": "python bench/run.py spill" + "".join(f" {a}" for a in sys.argv[1:])},
         "page_size": None,
         "rows": rows,
     }  # fmt: skip
