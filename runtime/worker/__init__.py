@@ -1,3 +1,3 @@
 """The worker process (workers only): its gRPC service, the task and report
 threads, and its set-up of the pager and the partition store. Run it with
-``clamor-worker`` or ``python -m clamor.runtime.worker.process``."""
+``clamor-worker`` or ``python -m clamor.runtime.worker``."""
