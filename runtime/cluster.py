@@ -174,8 +174,10 @@ class Cluster(ClusterInspection, DatasetSources):
     ``DaskLauncher(client)``; remote workers need ``host`` to be an address they can
     reach. ``tls``: mutual TLS with a per-cluster CA on gRPC and the page protocol
     (for multi-host clusters; the token is checked either way). Paging (DESIGN 3): ``page_size`` (default
-    the arena's), ``transport`` (``"auto"``: shared memory for workers on this host,
-    TCP otherwise; ``"shm"``; ``"tcp"``), ``replication`` (redirect requests for held
+    the arena's), ``transport`` (``"auto"``: workers on this host map the arena's pages
+    without copying them, others fetch over TCP; ``"shm"``: map, on any host;
+    ``"shm-copy"``: copy each page from shared memory into a private cache, as
+    before zero copy; ``"tcp"``), ``replication`` (redirect requests for held
     pages to peers), ``readahead`` (batch sequential faults). ``paging``: replaces the
     arena pager (tests use the no-op one). ``timeout``: seconds to wait for all workers to be
     ready. ``log_dir``: where worker logs go (default: the driver's stdout/stderr).

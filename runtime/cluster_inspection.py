@@ -70,7 +70,9 @@ class ClusterInspection:
 
     def stats(self) -> dict:
         """The observability contract of DESIGN 5: paging counters, stage and task counts,
-        worker totals (``pages_fetched``, ``faults``, page-cache ``evictions``, partitions
+        worker totals (``pages_fetched`` / ``bytes_fetched``: copied into a worker's page
+        cache; ``pages_mapped`` / ``bytes_mapped``: read in place from the driver's memory
+        by workers on its host, zero copy; ``pages_read``: the two together; ``faults``, page-cache ``evictions``, partitions
         ``spilled_to_peers`` / ``spilled_to_disk``, ``partitions_on_disk``) and ``workers``
         (:meth:`worker_stats`, each with its ``memory_budget`` and its two shares)."""
         stats = dict(self._paging.stats())
@@ -78,8 +80,9 @@ class ClusterInspection:
         stats.update(stages_run=self._executor.stages_run, tasks_run=self._executor.tasks_run)
         stats.update(self.counters())
         stats["scheduler"] = self._executor.snapshot()
-        for key in ("pages_fetched", "faults", *MEMORY_TOTALS):
+        for key in ("pages_fetched", "bytes_fetched", "pages_mapped", "faults", *MEMORY_TOTALS):
             stats[key] = sum(w.get(key, 0) for w in workers)
+        stats["pages_read"] = stats["pages_fetched"] + stats["pages_mapped"]
         stats["driver_partitions_served_bulk"] = self._bulk.served if self._bulk is not None else 0
         stats["workers"] = workers
         return stats

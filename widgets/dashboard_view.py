@@ -31,7 +31,8 @@ def status_line(snapshot: ClusterSnapshot) -> str:
         parts.append("idle")
     t = snapshot.totals
     parts.append(f"driver served {format_bytes(t.get('bytes_served_by_driver', 0))}, "
-                 f"peers {format_bytes(t.get('bytes_served_by_peers', 0))}")  # fmt: skip
+                 f"peers {format_bytes(t.get('bytes_served_by_peers', 0))}"
+                 + (f", mapped in place {format_bytes(t['bytes_mapped'])}" if t.get("bytes_mapped") else ""))  # fmt: skip
     if memory := memory_line(snapshot):
         parts.append(memory)
     counters = [f"{t[k]} {k.removeprefix('tasks_')}" for k in

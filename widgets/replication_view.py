@@ -131,6 +131,8 @@ class ReplicationView(View):
     @staticmethod
     def _header(snapshot: ClusterSnapshot) -> str:
         share, total = peer_share(snapshot)
+        mapped = int(snapshot.totals.get("bytes_mapped", 0))
+        in_place = f"; mapped in place (zero copy, no replica needed) {format_bytes(mapped)}" if mapped else ""
         if not total:
-            return "no bytes served yet"
-        return f"peers served {share:.0%} of {format_bytes(total)}"
+            return ("no bytes served yet" if not mapped else "no bytes served") + in_place
+        return f"peers served {share:.0%} of {format_bytes(total)}" + in_place

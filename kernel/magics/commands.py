@@ -96,7 +96,8 @@ class LineCommands:
               f"{stats['stages_run']} stages, {stats['tasks_run']} tasks run "
               f"({stats.get('tasks_rerun', 0)} rerun, {stats.get('tasks_speculated', 0)} speculated, "
               f"{stats.get('tasks_recomputed', 0)} recomputed)")  # fmt: skip
-        print(f"pages fetched {stats['pages_fetched']} ({format_bytes(stats['bytes_served_by_driver'])} from the "
+        print(f"pages read {stats['pages_read']}: {stats['pages_mapped']} mapped in place (zero copy), "
+              f"{stats['pages_fetched']} copied ({format_bytes(stats['bytes_served_by_driver'])} from the "
               f"driver, {format_bytes(stats['bytes_served_by_peers'])} from peers), page size "
               f"{format_bytes(stats['page_size'])}")  # fmt: skip
         rows = []
@@ -105,7 +106,7 @@ class LineCommands:
             if not w["alive"] and w.get("lost"):
                 state = f"no: {w['lost']}"
             rows.append([w["id"], w["pid"], w["host"], state, w.get("tasks_run", "-"),
-                         w.get("pages_fetched", "-"), w.get("cached_pages", "-"),
+                         w.get("pages_mapped", 0) + w.get("pages_fetched", 0), w.get("cached_pages", "-"),
                          format_bytes(w["rss_bytes"]) if "rss_bytes" in w else "-"])  # fmt: skip
         print(table(["worker", "pid", "host", "alive", "tasks", "pages", "cached", "rss"], rows))
         for handle in checkpoints:

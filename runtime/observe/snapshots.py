@@ -121,7 +121,7 @@ class ClusterSnapshot:
 
 
 #: Counters copied into ``ClusterSnapshot.totals``.
-_TOTALS = ("epoch", "bytes_served_by_driver", "bytes_served_by_peers", "invalidations",
+_TOTALS = ("epoch", "bytes_served_by_driver", "bytes_served_by_peers", "bytes_mapped", "invalidations",
            "version_log_bytes", "arena_bytes")  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from clamor.runtime.paging.native import _native
 
 ffi, lib = _native.ffi, _native.lib
 
-TRANSPORTS = ("auto", "shm", "tcp")
+TRANSPORTS = ("auto", "shm", "shm-copy", "tcp")
 _ERRLEN = 512
 MIN_CACHE_PAGES = 4  # a non-zero page-cache budget is never below this many pages
 _worker_pager: WorkerPager | None = None
@@ -124,10 +124,12 @@ class DriverPager:
         }
         if self.tls is not None:  # the config travels over the (then TLS) control plane
             config["page_tls"] = self.tls.to_json()
-        if self.transport == "shm" or (self.transport == "auto" and _is_local(host)):
+        if self.transport in ("shm", "shm-copy") or (self.transport == "auto" and _is_local(host)):
             pid = os.getpid()
             config["shm_arena_path"] = f"/proc/{pid}/fd/{lib.clamor_arena_fd()}"
             config["shm_state_path"] = f"/proc/{pid}/fd/{lib.clamor_driver_state_fd()}"
+            if self.transport != "shm-copy":  # map the arena's pages instead of copying them
+                config["shm_zap_path"] = f"/proc/{pid}/fd/{lib.clamor_driver_zap_fd()}"
         return config
 
     def worker_ready(self, worker_id: int, info: dict) -> None:
@@ -168,6 +170,7 @@ class DriverPager:
             "epoch": raw["epoch"],
             "bytes_served_by_driver": raw["bytes_served"] + raw["shm_bytes"],
             "bytes_served_by_peers": raw["peer_bytes"],
+            "bytes_mapped": raw["mapped_bytes"],
             "invalidations": raw["invalidations"],
             "version_log_bytes": raw["version_log_bytes"],
             "driver": raw,
@@ -255,16 +258,18 @@ class WorkerPager:
         err = ffi.new("char[]", _ERRLEN)
         shm_arena = (config.get("shm_arena_path") or "").encode()
         shm_state = (config.get("shm_state_path") or "").encode()
+        shm_zap = (config.get("shm_zap_path") or "").encode()
         port = lib.clamor_worker_start(
             worker_id, self.arena_size, self.page_size, token, len(token),
             config["driver_host"].encode(), int(config["driver_page_port"]),
-            shm_arena, shm_state, self.bind_host.encode(), int(bool(config.get("readahead", True))),
+            shm_arena, shm_state, shm_zap, self.bind_host.encode(), int(bool(config.get("readahead", True))),
             pem, err, _ERRLEN,
         )  # fmt: skip
         if port < 0:
             raise PagingError(f"worker {worker_id}: cannot start the pager: {ffi.string(err).decode()}")
         self.port = int(port)
         self.uses_shm = bool(shm_arena)
+        self.zero_copy = bool(shm_zap)
         self.tls = tls is not None
         self.cache_limit_pages = cache_limit_pages(int(config.get("page_cache_bytes") or 0), self.page_size)
         lib.clamor_worker_set_cache_limit(self.cache_limit_pages)
@@ -279,6 +284,7 @@ class WorkerPager:
             "host": self.bind_host,
             "page_port": self.port,
             "shm": self.uses_shm,
+            "zero_copy": self.zero_copy,
             "tls": self.tls,
             "cache_limit_pages": self.cache_limit_pages,
         }

@@ -47,6 +47,16 @@ PROGRAM_CACHE = 16
 
 
 @dataclasses.dataclass
+class _Encoded:
+    """A stage's program as it arrived. It is decoded on the task thread, inside the
+    first attempt's task and so at the stage's epoch: unpickling may read arena pages
+    (sklearn's ``KDTree.__setstate__`` does), which on the gRPC thread would happen at
+    whatever epoch the previous task had, outside any read set."""
+
+    data: bytes
+
+
+@dataclasses.dataclass
 class _Queued:
     stage: int
     epoch: int
@@ -99,13 +109,8 @@ class WorkerExecutor:
     def launch(self, request: pb.LaunchRequest) -> None:
         """Queue the request's attempts (its program is decoded here, errors reported per attempt)."""
         if request.program:
-            try:
-                program = shipping.loads(request.program)
-            except BaseException as exc:  # noqa: BLE001 - e.g. a module missing on this worker
-                self._report_all(request.attempts, exc)
-                return
             with self._cond:
-                self._programs[request.stage_id] = program
+                self._programs[request.stage_id] = _Encoded(request.program)
                 while len(self._programs) > PROGRAM_CACHE:
                     self._programs.popitem(last=False)
         with self._cond:
@@ -202,6 +207,8 @@ class WorkerExecutor:
         try:
             self.paging.begin_task(item.epoch)
             try:
+                if isinstance(program, _Encoded):  # errors (a module missing here) fail the attempt
+                    program = self._decode(item.stage, program)
                 value = run_program(program, ctx)
             finally:
                 read_set = self.paging.end_task()
@@ -255,10 +262,13 @@ class WorkerExecutor:
 
     # --- the reporter thread ---
 
-    def _report_all(self, attempts, exc: BaseException) -> None:
+    def _decode(self, stage: int, encoded: _Encoded) -> Any:
+        """The stage's program, decoded once (the stage's later attempts reuse it)."""
+        program = shipping.loads(encoded.data)
         with self._cond:
-            self._finished.extend(_error_report(a.attempt_id, exc, a.index) for a in attempts)
-            self._cond.notify_all()
+            if self._programs.get(stage) is encoded:
+                self._programs[stage] = program
+        return program
 
     def _report_loop(self) -> None:
         while True:

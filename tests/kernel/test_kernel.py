@@ -288,9 +288,9 @@ def test_cells_put_their_arrays_in_the_arena_and_clamor_cells_page_them_in(start
     )
     text = kernel.ok(
         """
-        before = cluster.stats()["pages_fetched"]
+        before = cluster.stats()["pages_read"]
         assert [float(v) for v in probes.collect()] == [1.0, 5 * page // 8 + 1.0]
-        print(cluster.stats()["pages_fetched"] - before)
+        print(cluster.stats()["pages_read"] - before)
         """
     )
     assert 0 < int(text) < 64  # demand-paged: the pages touched, not the whole array

@@ -228,8 +228,9 @@ def new_page(browser: Any) -> Any:
     return page
 
 
-def open_notebook(page: Any, lab: Lab, name: str, ui: str = "lab", timeout: float = 45.0) -> None:
-    """Open ``name`` in JupyterLab (``ui="lab"``) or Notebook 7 (``"notebook"``); wait for its kernel."""
+def open_notebook(page: Any, lab: Lab, name: str, ui: str = "lab", timeout: float = 120.0) -> None:
+    """Open ``name`` in JupyterLab (``ui="lab"``) or Notebook 7 (``"notebook"``); wait for its kernel
+    (a kernel start on a busy 2-core machine has taken more than 45 s)."""
     path = f"lab/tree/{name}" if ui == "lab" else f"notebooks/{name}"
     page.goto(lab.page_url(path), timeout=timeout * 1000)
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout * 1000)

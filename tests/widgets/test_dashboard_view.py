@@ -45,7 +45,9 @@ def test_nothing_is_said_of_memory_before_anything_is_cached_or_kept():
 
 
 def test_a_real_clusters_snapshot_shows_what_each_worker_keeps_caches_and_spilled():
-    with clamor.Cluster(workers=2, worker_memory={0: 8 * MiB, 1: 24 * MiB}, spill="disk") as cluster:
+    # shm-copy: pages land in the workers' caches (zero copy would cache nothing)
+    with clamor.Cluster(workers=2, worker_memory={0: 8 * MiB, 1: 24 * MiB}, spill="disk",
+                        transport="shm-copy") as cluster:
         x = clamor.array(4 * MiB // 8, np.float64)
         x[:] = 1.0
         assert cluster.run(np.sum, x, worker=1) == len(x)  # worker 1 caches x's pages

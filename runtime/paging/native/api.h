@@ -81,6 +81,9 @@ typedef struct {
     uint64_t bad_requests;
     uint64_t stage_running;
     uint64_t evictions_told;    /* CL_HAVE_DROPPED notices: a worker evicted a page for room */
+    uint64_t shootdowns;        /* same-host workers told to unmap a page before a write */
+    uint64_t stopped_continued; /* stopped workers continued (SIGCONT) so they could unmap */
+    uint64_t mapped_bytes;      /* page versions same-host workers mapped in place (zero copy), in bytes */
 } clamor_driver_stats;
 
 int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_len,
@@ -88,6 +91,8 @@ int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_l
                         const clamor_tls_pem *tls, char *err, size_t errlen);
 int clamor_driver_port(void);
 int clamor_driver_state_fd(void);
+/* The shoot-down area of same-host zero copy (pager_common.h); -1 when not running. */
+int clamor_driver_zap_fd(void);
 void clamor_driver_stop(void);
 uint32_t clamor_driver_begin_stage(void);
 uint64_t clamor_driver_invalidated(uint64_t *out, uint64_t cap);
@@ -119,7 +124,7 @@ enum {
 
 typedef struct {
     uint64_t faults;            /* missing-page faults (a fetch was needed) */
-    uint64_t soft_faults;       /* minor faults on cached pages (read-set tracking) */
+    uint64_t soft_faults;       /* minor faults on cached or mapped pages (read-set tracking) */
     uint64_t pages_fetched;
     uint64_t bytes_fetched;
     uint64_t from_shm;          /* pages copied from the driver's memfd */
@@ -136,13 +141,15 @@ typedef struct {
     uint64_t bad_requests;
     uint64_t evictions;         /* pages evicted to stay under the cache limit (not invalidations) */
     uint64_t cache_limit_pages; /* 0: unlimited */
+    uint64_t pages_mapped;      /* zero copy: page versions mapped from the driver (first mapping; later ones are soft faults) */
+    uint64_t shootdowns;        /* zero copy: pages unmapped before a driver write */
 } clamor_worker_stats;
 
 int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,
                         const uint8_t *token, size_t token_len,
                         const char *driver_host, int driver_port,
                         const char *shm_arena_path, const char *shm_state_path,
-                        const char *bind_host, int readahead,
+                        const char *shm_zap_path, const char *bind_host, int readahead,
                         const clamor_tls_pem *tls, char *err, size_t errlen);
 void *clamor_worker_base(void);
 int clamor_worker_port(void);

@@ -9,6 +9,12 @@
  * dirty and unprotects it. The running stage keeps being served the sealed
  * version from the log; the new contents become the next version.
  *
+ * Same-host zero copy: workers on this host map the arena's pages instead of
+ * copying them. Before the first write to a page in an epoch lands, the write
+ * handler marks it dirty and has every same-host worker that maps it unmap it
+ * (shoot_down; the protocol is in pager_common.h), so a running task goes on
+ * reading the sealed version, now from the version log.
+ *
  * Directory: which workers hold the current version of each page. A GET for
  * a page that some other worker holds is answered with REDIRECT to one of
  * them (two random choices, the less loaded wins), which is how hot pages
@@ -16,8 +22,10 @@
  * worker that evicts a page for room says so (CL_HAVE with CL_HAVE_DROPPED).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
@@ -31,6 +39,7 @@
 #include "pager_common.h"
 
 #define FL_PROTECTED 1
+#define STOPPED_WAIT_MS 100
 #define FL_DIRTY 2
 #define UFFD_FEATURE_WP_UNPOPULATED_ (1 << 13) /* newer than the build headers */
 
@@ -49,7 +58,8 @@ static struct {
     int running;
     uint8_t *base;
     uint64_t ps, npages;
-    int uffd, stop_efd, state_fd;
+    int uffd, stop_efd, state_fd, zap_fd;
+    void *zap; /* the shoot-down area, shared with same-host workers */
     pthread_t wp_thread;
     _Atomic uint64_t *state; /* version << 1 | dirty; read by same-host workers */
     uint32_t *version;
@@ -104,6 +114,63 @@ static int write_protect(uint64_t first, uint64_t n, int on) {
 
 /* ------------------------------------------------------ write tracking -- */
 
+/* The state letter of process `pid` (R, S, T for stopped, ...), or 0 when it is gone
+ * (no such process, a zombie, dead). */
+static char process_state(int32_t pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    const char *paren = strrchr(buf, ')');
+    if (!paren || paren[1] != ' ') return 0;
+    return paren[2] == 'Z' || paren[2] == 'X' ? 0 : paren[2];
+}
+
+/* Every same-host worker that maps page p from the arena unmaps it before the
+ * first write to p lands; the caller has marked p dirty. A worker that exits
+ * meanwhile is not waited for. One that is stopped (SIGSTOP: Cluster.slow_worker's
+ * throttle, a debugger) is continued after STOPPED_WAIT_MS: the writer may be a
+ * Python thread holding the GIL, which the throttle's thread needs to continue it. */
+static void shoot_down(uint64_t p) {
+    if (!D.zap) return;
+    atomic_thread_fence(memory_order_seq_cst); /* the dirty mark before reading the bits */
+    const uint64_t bit = 1ull << (p & 63);
+    int32_t pid[CL_MAX_WORKERS];
+    uint32_t want[CL_MAX_WORKERS];
+    for (int w = 0; w < CL_MAX_WORKERS; w++) { /* ask all of them, then wait */
+        cl_zap_slot *z = cl_zap_slot_of(D.zap, w);
+        pid[w] = atomic_load(&z->pid);
+        if (!pid[w] || !(atomic_load(&cl_zap_bits(D.zap, D.npages, w)[p >> 6]) & bit)) {
+            pid[w] = 0;
+            continue;
+        }
+        atomic_store(&z->page, p);
+        want[w] = atomic_load(&z->req) + 1;
+        atomic_store(&z->req, want[w]);
+        cl_futex_wake(&z->req);
+        ADD(shootdowns, 1);
+    }
+    for (int w = 0; w < CL_MAX_WORKERS; w++) {
+        if (!pid[w]) continue;
+        cl_zap_slot *z = cl_zap_slot_of(D.zap, w);
+        for (int waited = 0;; waited += 10) {
+            uint32_t a = atomic_load(&z->ack);
+            if (a == want[w] || atomic_load(&z->pid) != pid[w]) break;
+            char state = process_state(pid[w]);
+            if (!state) break;
+            if ((state == 'T' || state == 't') && waited >= STOPPED_WAIT_MS) {
+                kill(pid[w], SIGCONT);
+                ADD(stopped_continued, 1);
+            }
+            cl_futex_wait(&z->ack, a, 10);
+        }
+    }
+}
+
 static void on_write_fault(uint64_t addr) {
     uint64_t p = (addr - (uint64_t)(uintptr_t)D.base) / D.ps;
     if (p >= D.npages) return;
@@ -123,6 +190,7 @@ static void on_write_fault(uint64_t addr) {
         D.log[p] = e;
         D.flags[p] |= FL_DIRTY;
         atomic_store_explicit(&D.state[p], ((uint64_t)D.version[p] << 1) | 1, memory_order_release);
+        shoot_down(p);
         ADD(cow_copies, 1);
         ADD(version_log_bytes, D.ps);
         ADD(version_log_entries, 1);
@@ -368,11 +436,13 @@ static void free_tables(void) {
     free(D.driver_bytes), free(D.peer_bytes), free(D.inval);
     if (D.state) munmap((void *)D.state, D.npages * sizeof *D.state);
     if (D.state_fd >= 0) close(D.state_fd);
+    if (D.zap) munmap(D.zap, cl_zap_area_bytes(D.npages));
+    if (D.zap_fd >= 0) close(D.zap_fd);
     if (D.uffd >= 0) close(D.uffd); /* also lifts every write protection */
     if (D.stop_efd >= 0) close(D.stop_efd);
     cl_tls_free(D.tls);
     memset(&D, 0, sizeof D);
-    D.uffd = D.stop_efd = D.state_fd = -1;
+    D.uffd = D.stop_efd = D.state_fd = D.zap_fd = -1;
 }
 
 static int start(uint64_t page_size, const uint8_t *token, size_t token_len, const char *bind_host,
@@ -383,7 +453,7 @@ static int start(uint64_t page_size, const uint8_t *token, size_t token_len, con
         return CL_ERR("page size %llu is not a power of two between 4 KiB and 8 MiB",
                       (unsigned long long)page_size);
     memset(&D, 0, sizeof D);
-    D.uffd = D.stop_efd = D.state_fd = -1;
+    D.uffd = D.stop_efd = D.state_fd = D.zap_fd = -1;
     if (tls) {
         D.tls = cl_tls_new(tls->ca, tls->ca_len, tls->cert, tls->cert_len, tls->key, tls->key_len, err, errlen);
         if (!D.tls) return -1;
@@ -417,6 +487,17 @@ static int start(uint64_t page_size, const uint8_t *token, size_t token_len, con
         D.state = NULL;
         free_tables();
         return CL_ERR("cannot map the page state table: %s", strerror(errno));
+    }
+    D.zap_fd = memfd_create("clamor-page-zap", MFD_CLOEXEC);
+    if (D.zap_fd < 0 || ftruncate(D.zap_fd, (off_t)cl_zap_area_bytes(D.npages))) {
+        free_tables();
+        return CL_ERR("cannot create the shoot-down area: %s", strerror(errno));
+    }
+    D.zap = mmap(NULL, cl_zap_area_bytes(D.npages), PROT_READ | PROT_WRITE, MAP_SHARED, D.zap_fd, 0);
+    if (D.zap == MAP_FAILED) {
+        D.zap = NULL;
+        free_tables();
+        return CL_ERR("cannot map the shoot-down area: %s", strerror(errno));
     }
     D.uffd = cl_uffd_open(UFFD_FEATURE_WP_HUGETLBFS_SHMEM | UFFD_FEATURE_WP_UNPOPULATED_, err, errlen);
     if (D.uffd < 0) D.uffd = cl_uffd_open(UFFD_FEATURE_WP_HUGETLBFS_SHMEM, err, errlen);
@@ -462,6 +543,13 @@ int clamor_driver_port(void) {
     return port;
 }
 
+int clamor_driver_zap_fd(void) {
+    API_READ();
+    int fd = D.running ? D.zap_fd : -1;
+    API_DONE();
+    return fd;
+}
+
 int clamor_driver_state_fd(void) {
     API_READ();
     int fd = D.running ? D.state_fd : -1;
@@ -499,6 +587,7 @@ void clamor_driver_drop_worker(int id) {
     API_READ();
     if (D.running) {
         D.peers[id].present = 0;
+        atomic_store(&cl_zap_slot_of(D.zap, id)->pid, 0); /* not waited for from now on */
         uint64_t bit = 1ull << id;
         for (uint64_t p = 0; p < D.npages; p++)
             if (D.holders[p] & bit) {
@@ -516,6 +605,9 @@ void clamor_driver_get_stats(clamor_driver_stats *out) {
     API_READ();
     *out = D.st;
     out->epoch = atomic_load(&D.epoch);
+    if (D.zap)
+        for (int w = 0; w < CL_MAX_WORKERS; w++)
+            out->mapped_bytes += atomic_load_explicit(&cl_zap_slot_of(D.zap, w)->maps, memory_order_relaxed) * D.ps;
     API_DONE();
 }
 
@@ -526,7 +618,7 @@ uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests
     else if (n > D.npages - first) n = D.npages - first;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t p = first + i;
-        requests[i] = D.requests[p];
+        requests[i] = D.requests[p] + (D.zap ? atomic_load_explicit(&cl_zap_maps(D.zap, D.npages)[p], memory_order_relaxed) : 0);
         driver_bytes[i] = D.driver_bytes[p];
         peer_bytes[i] = D.peer_bytes[p];
         holders[i] = (uint32_t)__builtin_popcountll(D.holders[p]);

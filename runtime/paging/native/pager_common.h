@@ -1,10 +1,18 @@
 /* Small pieces shared by the driver and worker pagers. */
 #ifndef CLAMOR_PAGER_COMMON_H
 #define CLAMOR_PAGER_COMMON_H
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "protocol.h"
 
 #define CL_STRIPES 1024
 
@@ -25,4 +33,50 @@ static inline int cl_is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
 /* Opens a userfaultfd with the requested features; -1 and a message on failure. */
 int cl_uffd_open(uint64_t features, char *err, size_t errlen);
 int cl_uffd_register(int uffd, void *base, uint64_t len, uint64_t mode, char *err, size_t errlen);
+
+/* ---------------------------------------------------- same-host zero copy --
+ * Workers on the driver's host map the driver's arena pages instead of copying
+ * them. Before the driver's first write to a page during an epoch (its write
+ * handler), every same-host worker that maps the page unmaps it ("shoot-down"),
+ * so a running task never sees bytes newer than its epoch. The shoot-down area
+ * is one memfd of the driver, mapped read-write by the driver and by each
+ * same-host worker: CL_MAX_WORKERS slots, then one bitmap per worker of the
+ * pages it maps from the driver, then a count per page of such mappings. A worker sets a page's bit before it checks the
+ * page's state and maps it; the driver marks the page dirty before it reads the
+ * bits (both sequentially consistent), so either the worker sees the write
+ * coming and copies the old version instead, or the driver sees the bit and
+ * waits for the worker to unmap. */
+typedef struct {
+    _Atomic uint32_t req;  /* futex word: the driver bumps it to ask */
+    _Atomic uint32_t ack;  /* futex word: the worker sets it to req when done */
+    _Atomic int32_t pid;   /* the attached worker process; 0: none */
+    uint32_t unused;
+    _Atomic uint64_t page; /* the page to unmap */
+    _Atomic uint64_t maps; /* pages this worker mapped from the driver, ever */
+    uint8_t pad[32];
+} cl_zap_slot;
+
+static inline uint64_t cl_zap_words(uint64_t npages) { return (npages + 63) / 64; }
+static inline uint64_t cl_zap_area_bytes(uint64_t npages) {
+    return CL_MAX_WORKERS * (sizeof(cl_zap_slot) + cl_zap_words(npages) * sizeof(uint64_t))
+           + npages * sizeof(uint32_t);
+}
+static inline cl_zap_slot *cl_zap_slot_of(void *area, int worker) { return (cl_zap_slot *)area + worker; }
+static inline _Atomic uint64_t *cl_zap_bits(void *area, uint64_t npages, int worker) {
+    return (_Atomic uint64_t *)((cl_zap_slot *)area + CL_MAX_WORKERS) + (uint64_t)worker * cl_zap_words(npages);
+}
+/* Per page: how many times workers mapped it from the driver (the heatmap's
+ * requests of zero copy, which sends the driver no message). */
+static inline _Atomic uint32_t *cl_zap_maps(void *area, uint64_t npages) {
+    return (_Atomic uint32_t *)(cl_zap_bits(area, npages, CL_MAX_WORKERS));
+}
+
+/* futex on a shared (not process-private) word; waits at most timeout_ms. */
+static inline void cl_futex_wait(_Atomic uint32_t *word, uint32_t seen, int timeout_ms) {
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, timeout_ms < 0 ? NULL : &ts, NULL, 0);
+}
+static inline void cl_futex_wake(_Atomic uint32_t *word) {
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
 #endif

@@ -14,6 +14,16 @@
  * copy_file_range from the driver's memfd, network pages are received into
  * a warm buffer and written with pwrite.
  *
+ * Zero copy on the driver's host: the range maps the driver's arena memfd
+ * itself, registered the same way. A fault on a page whose driver bytes are the
+ * version the task's epoch reads (sealed at or before it, not written since) is
+ * resolved by mapping the driver's page (UFFDIO_CONTINUE): no copy, no cache
+ * slot. Otherwise (the driver wrote it during this epoch, an older epoch is
+ * replayed, a hole) that one page of the range is re-pointed at the cache memfd
+ * and the right version is copied in as below. The driver shoots a mapped page
+ * down before its first write lands (pager_common.h); the shoot-down thread here
+ * unmaps it under map_lock, which the fault handler holds while it maps.
+ *
  * Fetch order: own cache -> the driver's memfd on this host (seqlock-checked
  * against the driver's page state table) -> the driver over TCP, which may
  * REDIRECT to a peer holding the page -> the driver again, NO_REDIRECT, if
@@ -78,6 +88,13 @@ static struct {
     uint64_t *refbits;          /* CLOCK reference bits, one per page */
     uint64_t hand, clock_end;   /* the hand sweeps [0, clock_end): past every page installed */
     uint64_t last_missing, ra_window;
+    int zero_copy;            /* the range maps the driver's memfd (same host) */
+    uint8_t *private_page;    /* zero copy: 1 where the range maps the cache memfd instead */
+    uint32_t *mapped_ver1;    /* zero copy: version + 1 of the page last counted as mapped */
+    _Atomic uint64_t *mapped; /* zero copy: our bitmap of pages mapped from the driver (shared) */
+    cl_zap_slot *zap;         /* zero copy: our shoot-down slot (shared with the driver) */
+    _Atomic uint32_t *maps;   /* zero copy: per page, mappings from the driver (shared) */
+    pthread_mutex_t map_lock; /* zero copy: mapping from the driver vs. shoot-downs */
     int run;
     cl_server *server;
     cl_tls_ctx *tls; /* NULL: plaintext page protocol */
@@ -182,24 +199,125 @@ static void record(uint64_t p, uint32_t v) {
  * piece, skipping the mapped ones; giving up at EEXIST instead leaves a faulting
  * thread on an unmapped piece that faults again forever (seen in bench/lookups.py
  * --network: a worker spinning at 100 % with UFFDIO_CONTINUE -> EEXIST). */
-static void map_page(uint64_t p) {
+/* Maps page p of the range from its file's page cache. A piece not in the file
+ * (EFAULT: a hole, never written) is filled with a zero page when `holes` is
+ * set (the driver's memfd: a hole reads as zeros, and a driver write to it traps
+ * like any other), else it fails. */
+static int try_map(uint64_t p, int holes) {
     const uint64_t piece = (uint64_t)sysconf(_SC_PAGESIZE);
     uint64_t at = (uint64_t)(uintptr_t)(W.ro + p * W.ps);
     const uint64_t end = at + W.ps;
     while (at < end) {
         struct uffdio_continue c = {.range = {at, end - at}};
-        if (ioctl(W.uffd, UFFDIO_CONTINUE, &c) == 0) return; /* mapped to the end, and woken */
+        if (ioctl(W.uffd, UFFDIO_CONTINUE, &c) == 0) return 0; /* mapped to the end, and woken */
         if (errno == EAGAIN && c.mapped > 0) {
             at += (uint64_t)c.mapped; /* stopped short at a mapped piece: EEXIST next */
         } else if (errno == EEXIST) {
             at += piece; /* the first piece is mapped already */
+        } else if (errno == EFAULT && holes) {
+            struct uffdio_zeropage z = {.range = {at, piece}};
+            if (ioctl(W.uffd, UFFDIO_ZEROPAGE, &z) == 0) at += piece;
+            else if (errno != EEXIST) return -1; /* EEXIST: the driver just wrote it; map that */
         } else {
-            cl_log("worker %d: mapping page %llu failed: %s", W.id, (unsigned long long)p, strerror(errno));
-            break;
+            return -1;
         }
     }
+    return 0;
+}
+
+static void map_page(uint64_t p) {
+    if (try_map(p, 0) == 0) return;
+    cl_log("worker %d: mapping page %llu failed: %s", W.id, (unsigned long long)p, strerror(errno));
     struct uffdio_range r = {(uint64_t)(uintptr_t)(W.ro + p * W.ps), W.ps};
     ioctl(W.uffd, UFFDIO_WAKE, &r);
+}
+
+/* ------------------------------------------------ same-host zero copy -- */
+
+/* Points page p of the range at `fd` (the driver's memfd or the cache memfd) and
+ * registers it again: a fresh mapping has no userfaultfd registration. */
+static int remap(uint64_t p, int fd) {
+    uint8_t *at = W.ro + p * W.ps;
+    if (mmap(at, W.ps, PROT_READ, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd, (off_t)(p * W.ps)) == MAP_FAILED)
+        return -1;
+    struct uffdio_register r = {
+        .range = {(uint64_t)(uintptr_t)at, W.ps},
+        .mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR,
+    };
+    return ioctl(W.uffd, UFFDIO_REGISTER, &r);
+}
+
+/* Maps the driver's own page p for a task at epoch E if the driver's bytes are
+ * the version E reads. 0: mapped (and recorded); -1: the caller copies instead. */
+static int map_direct(uint64_t p, uint32_t E) {
+    const uint64_t bit = 1ull << (p & 63);
+    int mapped = 0, was_private = 0;
+    pthread_mutex_lock(&W.map_lock);
+    atomic_fetch_or(&W.mapped[p >> 6], bit); /* before the state check: see pager_common.h */
+    uint64_t s = atomic_load(&W.shm_state[p]);
+    if (!(s & 1) && (s >> 1) && (s >> 1) <= E) {
+        was_private = W.private_page[p];
+        if (!was_private || remap(p, W.shm_fd) == 0) {
+            W.private_page[p] = 0;
+            /* Recorded and counted before the mapping wakes the task, which may then end
+             * and report at once. */
+            uint32_t v = (uint32_t)(s >> 1);
+            record(p, v);
+            atomic_fetch_add_explicit(&W.maps[p], 1, memory_order_relaxed); /* hotness: every mapping */
+            if (W.mapped_ver1[p] != v + 1) { /* a version mapped for the first time, like a fetch */
+                W.mapped_ver1[p] = v + 1;
+                atomic_fetch_add_explicit(&W.zap->maps, 1, memory_order_relaxed);
+                ADD(pages_mapped, 1);
+            } else {
+                ADD(soft_faults, 1);
+            }
+            mapped = try_map(p, 1) == 0;
+        }
+    }
+    if (!mapped) atomic_fetch_and(&W.mapped[p >> 6], ~bit);
+    pthread_mutex_unlock(&W.map_lock);
+    if (!mapped) return -1;
+    if (was_private) evict(p, 1); /* its copy is no longer what the range shows */
+    return 0;
+}
+
+/* Maps page p from the cache (where it was just installed or found). */
+static void map_cached(uint64_t p) {
+    if (W.zero_copy && !W.private_page[p]) {
+        pthread_mutex_lock(&W.map_lock);
+        if (remap(p, W.cache_fd))
+            die(EXIT_PAGE_ERROR, "cannot map a private copy of a page (too many mappings? vm.max_map_count)", p);
+        W.private_page[p] = 1;
+        pthread_mutex_unlock(&W.map_lock);
+    }
+    map_page(p);
+}
+
+/* Answers the driver's shoot-downs: unmaps the page if we map it from the driver. */
+static void *zap_main(void *arg) {
+    (void)arg;
+    uint32_t seen = atomic_load(&W.zap->req);
+    for (;;) {
+        uint32_t r = atomic_load(&W.zap->req);
+        if (r == seen) {
+            cl_futex_wait(&W.zap->req, seen, -1);
+            continue;
+        }
+        seen = r;
+        uint64_t p = atomic_load(&W.zap->page), bit = 1ull << (p & 63);
+        if (p < W.npages) {
+            pthread_mutex_lock(&W.map_lock);
+            if (atomic_load(&W.mapped[p >> 6]) & bit) {
+                madvise(W.ro + p * W.ps, W.ps, MADV_DONTNEED);
+                atomic_fetch_and(&W.mapped[p >> 6], ~bit);
+                ADD(shootdowns, 1);
+            }
+            pthread_mutex_unlock(&W.map_lock);
+        }
+        atomic_store(&W.zap->ack, r);
+        cl_futex_wake(&W.zap->ack);
+    }
+    return NULL;
 }
 
 /* ------------------------------------------------------------ fetching -- */
@@ -415,12 +533,13 @@ static void on_fault(uint64_t addr, uint64_t flags) {
     uint64_t t = atomic_load(&W.touched);
     while (p + 1 > t && !atomic_compare_exchange_weak(&W.touched, &t, p + 1)) {}
     uint32_t E = atomic_load(&W.epoch), v, hi;
+    if (W.zero_copy && map_direct(p, E) == 0) return;
     int state = cached_for(p, E, &v, &hi);
     if (state == 1) {
         if (flags & UFFD_PAGEFAULT_FLAG_MINOR) ADD(soft_faults, 1);
         referenced(p);
         record(p, v);
-        map_page(p);
+        map_cached(p);
         return;
     }
     if (state == 0) evict(p, 0); /* cached, but a different version than this epoch reads */
@@ -430,8 +549,8 @@ static void on_fault(uint64_t addr, uint64_t flags) {
     install(p, v, hi);
     ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
     record(p, v);
-    map_page(p);
-    maybe_read_ahead(p, E);
+    map_cached(p);
+    if (!W.zero_copy) maybe_read_ahead(p, E);
 }
 
 static void *fault_main(void *arg) {
@@ -487,7 +606,8 @@ static void *map_file(const char *path, uint64_t len) {
 
 int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, const uint8_t *token,
                         size_t token_len, const char *driver_host, int driver_port,
-                        const char *shm_arena_path, const char *shm_state_path, const char *bind_host,
+                        const char *shm_arena_path, const char *shm_state_path, const char *shm_zap_path,
+                        const char *bind_host,
                         int readahead, const clamor_tls_pem *tls, char *err, size_t errlen) {
     if (W.running) return CL_ERR("the worker pager is already running");
     if (worker_id < 0 || worker_id >= CL_MAX_WORKERS)
@@ -511,10 +631,34 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
         W.tls = cl_tls_new(tls->ca, tls->ca_len, tls->cert, tls->cert_len, tls->key, tls->key_len, err, errlen);
         if (!W.tls) return -1;
     }
+    pthread_mutex_init(&W.map_lock, NULL);
+    if (shm_arena_path && *shm_arena_path) {
+        /* Read-write for zero copy only because userfaultfd registers only mappings
+         * that could be made writable; the range itself stays PROT_READ. */
+        int zero_copy = shm_zap_path && *shm_zap_path;
+        W.shm_fd = open(shm_arena_path, (zero_copy ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+        W.shm_state = map_file(shm_state_path, W.npages * sizeof(uint64_t));
+        if (W.shm_fd < 0 || !W.shm_state)
+            return CL_ERR("cannot map the driver's shared memory (%s): %s", shm_arena_path, strerror(errno));
+        if (zero_copy) {
+            int fd = open(shm_zap_path, O_RDWR | O_CLOEXEC);
+            void *area = fd < 0 ? MAP_FAILED
+                                : mmap(NULL, cl_zap_area_bytes(W.npages), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (fd >= 0) close(fd);
+            W.private_page = calloc(W.npages, 1);
+            W.mapped_ver1 = calloc(W.npages, sizeof *W.mapped_ver1);
+            if (area == MAP_FAILED || !W.private_page || !W.mapped_ver1)
+                return CL_ERR("cannot map the driver's shoot-down area (%s): %s", shm_zap_path, strerror(errno));
+            W.zap = cl_zap_slot_of(area, worker_id);
+            W.mapped = cl_zap_bits(area, W.npages, worker_id);
+            W.maps = cl_zap_maps(area, W.npages);
+            W.zero_copy = 1;
+        }
+    }
     W.cache_fd = memfd_create("clamor-page-cache", MFD_CLOEXEC);
     if (W.cache_fd < 0 || ftruncate(W.cache_fd, (off_t)arena_size))
         return CL_ERR("cannot create the page cache: %s", strerror(errno));
-    W.ro = mmap(NULL, arena_size, PROT_READ, MAP_SHARED | MAP_NORESERVE, W.cache_fd, 0);
+    W.ro = mmap(NULL, arena_size, PROT_READ, MAP_SHARED | MAP_NORESERVE, W.zero_copy ? W.shm_fd : W.cache_fd, 0);
     if (W.ro == MAP_FAILED)
         return CL_ERR("cannot reserve %llu bytes for the arena: %s", (unsigned long long)arena_size, strerror(errno));
     W.cver1 = calloc(W.npages, sizeof *W.cver1);
@@ -525,18 +669,19 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
     W.buf = malloc(page_size);
     if (!W.buf) return CL_ERR("out of memory for a page buffer");
     memset(W.buf, 0, page_size); /* warm: received pages never fault here */
-    if (shm_arena_path && *shm_arena_path) {
-        W.shm_fd = open(shm_arena_path, O_RDONLY | O_CLOEXEC);
-        W.shm_state = map_file(shm_state_path, W.npages * sizeof(uint64_t));
-        if (W.shm_fd < 0 || !W.shm_state)
-            return CL_ERR("cannot map the driver's shared memory (%s): %s", shm_arena_path, strerror(errno));
-    }
     W.uffd = cl_uffd_open(UFFD_FEATURE_MINOR_SHMEM, err, errlen);
     if (W.uffd < 0) return -1;
     if (cl_uffd_register(W.uffd, W.ro, arena_size, UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR, err, errlen))
         return -1;
     if (pthread_create(&W.thread, NULL, fault_main, NULL)) return CL_ERR("cannot start the fault handler thread");
     pthread_detach(W.thread);
+    if (W.zero_copy) {
+        for (uint64_t i = 0; i < cl_zap_words(W.npages); i++) atomic_store(&W.mapped[i], 0);
+        pthread_t zap;
+        if (pthread_create(&zap, NULL, zap_main, NULL)) return CL_ERR("cannot start the shoot-down thread");
+        pthread_detach(zap);
+        atomic_store(&W.zap->pid, (int32_t)getpid()); /* from now on the driver asks us */
+    }
     cl_service svc = {
         .page_size = W.ps, .num_pages = W.npages, .answer = answer, .have = NULL,
         .pages_served = &W.st.pages_served, .bytes_served = &W.st.bytes_served,
@@ -558,7 +703,12 @@ void clamor_worker_begin_task(uint32_t epoch) {
     W.rs_n = 0;
     pthread_mutex_unlock(&W.rs_lock);
     uint64_t touched = atomic_load(&W.touched);
+    if (W.zero_copy) pthread_mutex_lock(&W.map_lock);
     if (touched) madvise(W.ro, touched * W.ps, MADV_DONTNEED); /* cache stays; mappings go */
+    if (W.zero_copy) {
+        for (uint64_t i = 0; i < cl_zap_words(touched); i++) atomic_store(&W.mapped[i], 0);
+        pthread_mutex_unlock(&W.map_lock);
+    }
 }
 
 uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t cap) {

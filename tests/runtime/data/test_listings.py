@@ -50,7 +50,7 @@ def test_listing_2_hash_table_lookups_normalised_and_kept_on_the_cluster(cluster
     expected_vals = table[1][np.searchsorted(table[0], queries)]
     assert total == expected_vals.sum()
     assert np.array_equal(normalised.collect(), expected_vals / expected_vals.sum())
-    fetched = cluster.stats()["pages_fetched"] * cluster.stats()["page_size"]
+    fetched = cluster.stats()["pages_read"] * cluster.stats()["page_size"]
     assert fetched < 4 * (keys.nbytes * 2)  # paged in, not broadcast once per task
 
 

@@ -22,6 +22,7 @@ import pytest
 from clamor.runtime.errors import ClamorError, WorkerLostError
 from clamor.runtime.launchers.dask import DaskLauncher
 from clamor.runtime.paging.paging_api import NullDriverPaging
+from clamor.testing.waiting import wait_for
 
 import clamor
 
@@ -81,13 +82,6 @@ def slow_sum(x: np.ndarray, s: tuple[int, int], started: str) -> float:
     open(os.path.join(started, str(os.getpid())), "w").close()
     time.sleep(0.3)
     return float(x[s[0] : s[1]].sum())
-
-
-def wait_for(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 @pytest.mark.slow

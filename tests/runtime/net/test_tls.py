@@ -25,6 +25,7 @@ from clamor.runtime.net.transport import connect
 from clamor.runtime.paging import arena
 from clamor.runtime.paging import page_client as pc
 from clamor.runtime.paging.pager import DriverPager, PagingError
+from clamor.testing.waiting import wait_for
 
 import clamor
 
@@ -105,13 +106,6 @@ def driver_port(cluster) -> int:
 
 def driver_failures(cluster) -> int:
     return cluster.stats()["driver"]["auth_failures"]
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def noise_is_refused(port: int) -> None:

@@ -55,7 +55,9 @@ def test_page_counters_are_the_pagers_and_variables_are_named(cluster, table):
     mine = snap.pages.select(first, end)
     assert np.array_equal(mine.requests, cluster.page_stats(table)["requests"])
     assert mine.requests.sum() > 0
-    assert snap.totals["bytes_served_by_driver"] + snap.totals["bytes_served_by_peers"] > 0
+    # on one host the workers map the table in place (zero copy): nothing is served
+    assert snap.totals["bytes_mapped"] >= table.nbytes
+    assert snap.totals["bytes_served_by_driver"] + snap.totals["bytes_served_by_peers"] == 0
     assert [w.id for w in snap.workers if w.alive] == cluster.workers
 
 

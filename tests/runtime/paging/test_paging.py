@@ -1,9 +1,11 @@
 """Demand paging on real worker processes, at every supported page size and transport.
 
-Workers fetch exactly the pages a task touches, from the driver's memfd on
-this host (`shm`) or over TCP (`tcp`); the driver's writes between stages
-invalidate exactly the written pages, and tasks can read the arena as of an
-older epoch from the version log.
+Workers on the driver's host map exactly the pages a task touches from the
+driver's own memory, without copying them (`shm`, zero copy); otherwise they copy
+exactly those pages into their page cache, from the driver's memfd (`shm-copy`)
+or over TCP (`tcp`). The driver's writes between stages invalidate exactly the
+written pages of the caches, and tasks can read the arena as of an older epoch
+from the version log.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import clamor
 pytestmark = pytest.mark.slow
 
 PAGE_SIZES = {"4KiB": 4 << 10, "256KiB": 256 << 10, "4MiB": 4 << 20}
+TRANSPORTS = ("shm", "shm-copy", "tcp")
 TABLE_BYTES = 2 << 30
 
 
@@ -33,12 +36,13 @@ def table() -> np.ndarray:
 
 @pytest.fixture(
     scope="module",
-    params=[(ps, t) for ps in PAGE_SIZES.values() for t in ("shm", "tcp")],
-    ids=[f"{name}-{t}" for name in PAGE_SIZES for t in ("shm", "tcp")],
+    params=[(ps, t) for ps in PAGE_SIZES.values() for t in TRANSPORTS],
+    ids=[f"{name}-{t}" for name in PAGE_SIZES for t in TRANSPORTS],
 )
 def cluster(request):
     page_size, transport = request.param
     with clamor.Cluster(workers=2, page_size=page_size, transport=transport) as c:
+        c.zero_copy = transport == "shm"  # for the tests below
         yield c
 
 
@@ -49,6 +53,10 @@ def page_of(x: np.ndarray, index: int, page_size: int) -> int:
 
 def fetched(cluster) -> list[int]:
     return [w["bytes_fetched"] for w in cluster.worker_stats()]
+
+
+def mapped(cluster) -> list[int]:
+    return [w["pages_mapped"] for w in cluster.worker_stats()]
 
 
 def value(i: np.ndarray) -> np.ndarray:
@@ -74,7 +82,7 @@ def test_sparse_lookups_fetch_only_the_pages_touched(cluster, table):
     for e in first_elems:
         table[e : e + per_page] = value(np.arange(e, e + per_page))
 
-    before = fetched(cluster)
+    before, before_mapped = fetched(cluster), mapped(cluster)
     n = 1_000_000
     results = cluster.run_stage(
         [(w, sparse_sum, (table, first_elems, per_page, seed, n)) for w, seed in ((0, 1), (1, 2))]
@@ -83,7 +91,12 @@ def test_sparse_lookups_fetch_only_the_pages_touched(cluster, table):
         idx = lookups(first_elems, per_page, seed, n)
         assert got == pytest.approx(float(value(idx).sum()), rel=1e-12)
         touched = set(np.unique((arena.arena_offset(table) + idx * 8) // ps).tolist())
-        assert fetched(cluster)[w] - before[w] == len(touched) * ps
+        if cluster.zero_copy:  # each page mapped once, none copied
+            assert mapped(cluster)[w] - before_mapped[w] == len(touched)
+            assert fetched(cluster)[w] - before[w] == 0
+        else:
+            assert fetched(cluster)[w] - before[w] == len(touched) * ps
+            assert mapped(cluster)[w] - before_mapped[w] == 0
         assert {p for p, _ in read_set} == touched
 
     stats = cluster.page_stats()
@@ -105,11 +118,21 @@ def test_driver_update_invalidates_exactly_one_page(cluster):
         x[k] = -1.0
         assert cluster.run(lambda a: float(a.sum()), x, worker=0) == total - k - 1.0
         after = cluster.worker_stats()[0]
-        assert after["invalidations"] - before["invalidations"] == 1
-        assert after["pages_fetched"] - before["pages_fetched"] == 1
-        assert cluster.stats()["invalidations"] >= 1
+        if cluster.zero_copy:  # nothing cached: the written page is read in place
+            assert after["invalidations"] - before["invalidations"] == 0
+            assert after["pages_fetched"] - before["pages_fetched"] == 0
+        else:
+            assert after["invalidations"] - before["invalidations"] == 1
+            assert after["pages_fetched"] - before["pages_fetched"] == 1
+            assert cluster.stats()["invalidations"] >= 1
 
-        # A replay at the old epoch reads the old bytes, from the version log.
+        # A replay at the old epoch reads the old bytes, from the version log (with
+        # zero copy, as a private copy of that one page); the current epoch, the new.
+        fetched_before = cluster.worker_stats()[1]["pages_fetched"]
+        assert cluster.run(lambda a, i: float(a[i]), x, k, worker=1, epoch=old_epoch) == float(k)
+        if cluster.zero_copy:
+            assert cluster.worker_stats()[1]["pages_fetched"] - fetched_before == 1
+        assert cluster.run(lambda a, i: float(a[i]), x, k, worker=1) == -1.0
         assert cluster.run(lambda a, i: float(a[i]), x, k, worker=1, epoch=old_epoch) == float(k)
         assert cluster.run(lambda a, i: float(a[i]), x, k, worker=1) == -1.0
         page = page_of(x, k, ps)
@@ -131,16 +154,20 @@ def test_write_during_a_running_stage_never_changes_what_it_reads(cluster):
     x[5] = 1.0
 
     def slow_read(a):
+        before = float(a[5])  # mapped (or cached) now: the write below must not show through
         time.sleep(1.0)
-        return float(a[5])
+        return before, float(a[5])
 
-    result: list[float] = []
+    shootdowns = cluster.stats()["driver"]["shootdowns"]
+    result: list[tuple[float, float]] = []
     stage = threading.Thread(target=lambda: result.append(cluster.run(slow_read, x, worker=0)))
     stage.start()
-    time.sleep(0.3)
+    time.sleep(0.5)
     x[5] = 2.0  # the stage is running: its page is sealed, this write goes to a new version
     stage.join()
-    assert result == [1.0]
+    assert result == [(1.0, 1.0)]
+    if cluster.zero_copy:  # the worker mapped the driver's page: it was unmapped before the write
+        assert cluster.stats()["driver"]["shootdowns"] == shootdowns + 1
     assert cluster.run(lambda a: float(a[5]), x, worker=0) == 2.0
 
 

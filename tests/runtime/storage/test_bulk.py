@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import pytest
 from clamor.runtime.storage.bulk import BulkClient, BulkError, BulkServer
+from clamor.testing.waiting import wait_for
 
 import clamor
 
@@ -42,7 +43,7 @@ def test_values_arrive_whole_with_their_arrays_out_of_band(server):
     assert x.dtype == np.float64 and np.array_equal(x, np.arange(4 * MiB // 8))
     assert client.get(address, ("small",)) == {"a": [1, 2]}
     assert client.get(address, ("ds", 1, 0)).sum() == x.sum()  # the connection is reused
-    assert s.served == 3
+    wait_for(lambda: s.served == 3, what="the server counts a reply once it is sent")
     client.close()
 
 

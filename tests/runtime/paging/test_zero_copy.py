@@ -1,0 +1,131 @@
+"""Zero copy on the driver's host: workers map the driver's arena pages, they do not copy them.
+
+What a user relies on: every worker on the driver's host reads a table in place (no page
+lands in its page cache, so N workers do not hold N copies); a task never sees a driver
+write made after its epoch, also while it runs (the driver has the worker unmap the page
+before the write lands, and the task reads the sealed version from the version log);
+and a worker that is stopped or killed while it maps a page never blocks the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from clamor.runtime.errors import WorkerLostError
+
+import clamor
+
+pytestmark = pytest.mark.slow
+
+MiB = 1 << 20
+PAGE = 64 << 10
+
+
+@pytest.fixture
+def cluster():
+    with clamor.Cluster(workers=2, page_size=PAGE) as c:  # transport "auto": zero copy here
+        yield c
+
+
+def pid_of(cluster, worker: int) -> int:
+    return next(w["pid"] for w in cluster.worker_stats() if w["id"] == worker)
+
+
+def page_cache_bytes(pid: int) -> int:
+    """What the worker's page-cache memfd holds (its blocks): the memory copies would take."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if os.readlink(path).startswith("/memfd:clamor-page-cache"):
+                return os.stat(path).st_blocks * 512
+        except OSError:
+            continue
+    raise AssertionError(f"worker process {pid} has no page cache")
+
+
+def read_twice(a: np.ndarray) -> tuple[float, float]:
+    first = float(a[5])  # the page is mapped from now on
+    time.sleep(1.5)
+    return first, float(a[5])
+
+
+def test_every_worker_reads_the_whole_table_in_place(cluster):
+    table = clamor.empty(32 * MiB // 8, np.int64)
+    table[:] = np.arange(len(table))
+    before = {w["id"]: w for w in cluster.worker_stats()}
+    sums = cluster.run_stage([(w, lambda t: int(t.sum()), (table,)) for w in cluster.workers])
+    assert sums == [int(table.sum())] * len(cluster.workers)
+    pages = table.nbytes // PAGE
+    for w in cluster.worker_stats():
+        assert w["pages_fetched"] == before[w["id"]]["pages_fetched"] and w["cached_pages"] == 0
+        assert pages <= w["pages_mapped"] - before[w["id"]]["pages_mapped"] <= pages + 1
+        assert page_cache_bytes(w["pid"]) < MiB  # no copy of the 32 MiB table in any worker
+    assert cluster.stats()["bytes_mapped"] >= 2 * table.nbytes
+    read_sets = cluster.last_read_sets
+    assert all(len(r) >= pages for r in read_sets)  # every page read is still recorded
+
+
+def test_a_driver_write_while_a_task_maps_the_page_is_shot_down_first(cluster):
+    x = clamor.array(PAGE // 8, np.float64)
+    x[5] = 1.0
+    shootdowns = cluster.stats()["driver"]["shootdowns"]
+    result: list = []
+    stage = threading.Thread(target=lambda: result.append(cluster.run(read_twice, x, worker=0)))
+    stage.start()
+    time.sleep(0.5)
+    x[5] = 2.0
+    stage.join(30)
+    assert result == [(1.0, 1.0)]
+    assert cluster.stats()["driver"]["shootdowns"] == shootdowns + 1
+    assert cluster.run(lambda a: float(a[5]), x, worker=0) == 2.0
+
+
+def test_a_stopped_worker_is_continued_so_the_write_goes_through(cluster):
+    x = clamor.array(PAGE // 8, np.float64)
+    x[5] = 1.0
+    worker = cluster.workers[1]
+    pid = pid_of(cluster, worker)
+    result: list = []
+    stage = threading.Thread(target=lambda: result.append(cluster.run(read_twice, x, worker=worker)))
+    stage.start()
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGSTOP)  # a debugger, or Cluster.slow_worker's throttle
+    try:
+        t0 = time.monotonic()
+        x[5] = 2.0  # waits for the worker to unmap the page; the driver continues it
+        took = time.monotonic() - t0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    stage.join(30)
+    assert result == [(1.0, 1.0)]
+    assert took < 5
+    assert cluster.stats()["driver"]["stopped_continued"] >= 1
+
+
+def test_a_killed_worker_never_blocks_a_driver_write(cluster):
+    x = clamor.array(PAGE // 8, np.float64)
+    x[5] = 1.0
+    victim, other = cluster.workers
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            cluster.run(read_twice, x, worker=victim)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            errors.append(exc)
+
+    stage = threading.Thread(target=run)
+    stage.start()
+    time.sleep(0.5)
+    os.kill(pid_of(cluster, victim), signal.SIGKILL)  # it still maps the page
+    t0 = time.monotonic()
+    x[5] = 2.0
+    assert time.monotonic() - t0 < 5
+    stage.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], WorkerLostError)
+    assert cluster.run(lambda a: float(a[5]), x, worker=other) == 2.0
