@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.paging import arena
+from clamor.testing.waiting import wait_for
 
 import clamor
 
@@ -159,10 +160,14 @@ def test_write_during_a_running_stage_never_changes_what_it_reads(cluster):
         return before, float(a[5])
 
     shootdowns = cluster.stats()["driver"]["shootdowns"]
+    maps = cluster.page_stats(x)["requests"][0]
     result: list[tuple[float, float]] = []
     stage = threading.Thread(target=lambda: result.append(cluster.run(slow_read, x, worker=0)))
     stage.start()
-    time.sleep(0.5)
+    if cluster.zero_copy:  # until the worker maps the page (so the write must shoot it down)
+        wait_for(lambda: cluster.page_stats(x)["requests"][0] > maps)
+    else:
+        time.sleep(0.5)
     x[5] = 2.0  # the stage is running: its page is sealed, this write goes to a new version
     stage.join()
     assert result == [(1.0, 1.0)]

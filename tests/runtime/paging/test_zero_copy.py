@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 from clamor.runtime.errors import WorkerLostError
+from clamor.testing.waiting import wait_for
 
 import clamor
 
@@ -48,6 +49,15 @@ def page_cache_bytes(pid: int) -> int:
     raise AssertionError(f"worker process {pid} has no page cache")
 
 
+def start_and_wait_until_mapped(cluster, x: np.ndarray, stage: threading.Thread) -> None:
+    """Start ``stage``; return once a worker has mapped x's first page again (counted
+    before it is mapped, after the worker marked it as one it maps: from then on the
+    driver waits for it to unmap the page before a write lands)."""
+    maps = cluster.page_stats(x)["requests"][0]
+    stage.start()
+    wait_for(lambda: cluster.page_stats(x)["requests"][0] > maps, what="a worker maps the page")
+
+
 def read_twice(a: np.ndarray) -> tuple[float, float]:
     first = float(a[5])  # the page is mapped from now on
     time.sleep(1.5)
@@ -76,8 +86,7 @@ def test_a_driver_write_while_a_task_maps_the_page_is_shot_down_first(cluster):
     shootdowns = cluster.stats()["driver"]["shootdowns"]
     result: list = []
     stage = threading.Thread(target=lambda: result.append(cluster.run(read_twice, x, worker=0)))
-    stage.start()
-    time.sleep(0.5)
+    start_and_wait_until_mapped(cluster, x, stage)
     x[5] = 2.0
     stage.join(30)
     assert result == [(1.0, 1.0)]
@@ -92,8 +101,7 @@ def test_a_stopped_worker_is_continued_so_the_write_goes_through(cluster):
     pid = pid_of(cluster, worker)
     result: list = []
     stage = threading.Thread(target=lambda: result.append(cluster.run(read_twice, x, worker=worker)))
-    stage.start()
-    time.sleep(0.5)
+    start_and_wait_until_mapped(cluster, x, stage)
     os.kill(pid, signal.SIGSTOP)  # a debugger, or Cluster.slow_worker's throttle
     try:
         t0 = time.monotonic()
@@ -120,8 +128,7 @@ def test_a_killed_worker_never_blocks_a_driver_write(cluster):
             errors.append(exc)
 
     stage = threading.Thread(target=run)
-    stage.start()
-    time.sleep(0.5)
+    start_and_wait_until_mapped(cluster, x, stage)
     os.kill(pid_of(cluster, victim), signal.SIGKILL)  # it still maps the page
     t0 = time.monotonic()
     x[5] = 2.0
