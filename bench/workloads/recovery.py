@@ -62,7 +62,7 @@ from harness import (
 )
 from harness.machine import git_state, machine, package_versions
 from harness.results import RESULTS
-from report.recovery import plot, render
+from report.recovery import plot, render, summarize_recovery
 
 EXPERIMENTS = ("recovery", "stragglers")
 #: Counters of ``cluster.stats()`` read per iteration / repetition (top level, or in
@@ -521,49 +521,6 @@ def run_recovery(p: dict, args: argparse.Namespace) -> dict:
         "reference_s": ref_s,
         **summarize_recovery(runs, p),
     }
-
-
-def summarize_recovery(runs: dict, p: dict) -> dict:
-    per_iter: dict[str, list] = {}
-    totals: dict[str, list] = {}
-    for name, rs in runs.items():
-        ok = [r for r in rs if r.get("status") == "ok"]
-        per_iter[name] = (
-            [
-                [r["iterations"][i]["seconds"] for r in ok]
-                for i in range(p["iterations"])
-            ]
-            if ok
-            else []
-        )
-        totals[name] = [sum(x["seconds"] for x in r["iterations"]) for r in ok]
-    out: dict = {"per_iteration": per_iter, "totals": totals}
-    if per_iter.get("no_failure") and per_iter.get("kill"):
-        ki = p["kill_iteration"] - 1
-        base = [statistics.median(x) for x in per_iter["no_failure"]]
-        kill = [statistics.median(x) for x in per_iter["kill"]]
-        after = range(ki + 1, p["iterations"])
-        out["ratios"] = {
-            "kill_iteration": kill[ki] / base[ki],
-            "kill_iteration_extra_s": kill[ki] - base[ki],
-            "after_kill": (
-                statistics.median(kill[i] for i in after)
-                / statistics.median(base[i] for i in after)
-                if after
-                else None
-            ),
-            "total": statistics.median(totals["kill"])
-            / statistics.median(totals["no_failure"]),
-        }
-        if per_iter.get("fewer") and after:
-            fewer = [statistics.median(x) for x in per_iter["fewer"]]
-            out["ratios"]["after_kill_vs_fewer"] = statistics.median(
-                kill[i] for i in after
-            ) / statistics.median(fewer[i] for i in after)
-            out["ratios"]["fewer_vs_no_failure"] = statistics.median(
-                fewer[i] for i in after
-            ) / statistics.median(base[i] for i in after)
-    return out
 
 
 STRAGGLER_CONFIGS = (
