@@ -31,7 +31,8 @@ from clamor.kernel import registration
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.observe import cluster_registry
-from clamor.runtime.paging.memory import SPILL_POLICIES, to_bytes
+from clamor.runtime.paging.arena import to_bytes
+from clamor.runtime.paging.memory import SPILL_POLICIES
 
 logger = logging.getLogger("clamor.kernel.session")
 
@@ -109,7 +110,7 @@ def _size(value: Any) -> int | str | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in _NONE):
         return None
     try:
-        to_bytes(value.strip() if isinstance(value, str) else value)
+        to_bytes(value.strip() if isinstance(value, str) else value, "worker_memory")
     except (TypeError, ValueError):
         raise ValueError("a size such as 4GiB, or none (a fair share of this host's memory)") from None
     return value.strip() if isinstance(value, str) else value

@@ -174,7 +174,7 @@ class Cluster(ClusterInspection, DatasetSources):
     ``DaskLauncher(client)``; remote workers need ``host`` to be an address they can
     reach. ``tls``: mutual TLS with a per-cluster CA on gRPC and the page protocol
     (for multi-host clusters; the token is checked either way). Paging (DESIGN 3): ``page_size`` (default
-    the arena's), ``transport`` (``"auto"``: workers on this host map the arena's pages
+    the arena's; like every size option, bytes or a string such as ``"256KiB"``), ``transport`` (``"auto"``: workers on this host map the arena's pages
     without copying them, others fetch over TCP; ``"shm"``: map, on any host;
     ``"shm-copy"``: copy each page from shared memory into a private cache, as
     before zero copy; ``"tcp"``), ``replication`` (redirect requests for held
@@ -196,7 +196,7 @@ class Cluster(ClusterInspection, DatasetSources):
         workers: int | None = None,
         *,
         host: str = "127.0.0.1",
-        page_size: int | None = None,
+        page_size: int | str | None = None,
         transport: str = "auto",
         replication: bool = True,
         readahead: bool = True,

@@ -99,9 +99,23 @@ def parse_size(text: str, name: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
-def _check_page_size(page_size: Any) -> int:
-    if isinstance(page_size, bool) or not isinstance(page_size, int):
-        raise TypeError(f"page_size must be an int, not {type(page_size).__name__}")
+#: A size option: a number of bytes, or a string such as ``"256KiB"``, ``"4GiB"``, ``"512M"``.
+Size = int | str
+
+
+def to_bytes(size: Size, what: str) -> int:
+    """``"4GiB"``, ``"512M"`` or an int, as a positive number of bytes (every size option
+    of the API reads its value with this, so they all accept the same forms)."""
+    if isinstance(size, bool) or not isinstance(size, int | str):
+        raise TypeError(f"{what} must be a size like '4GiB' or a number of bytes, not {size!r}")
+    n = parse_size(size, what) if isinstance(size, str) else size
+    if n <= 0:
+        raise ValueError(f"{what} must be positive, not {size!r}")
+    return n
+
+
+def _check_page_size(page_size: Size) -> int:
+    page_size = to_bytes(page_size, "page_size")
     if not (MIN_PAGE_SIZE <= page_size <= MAX_PAGE_SIZE) or page_size & (page_size - 1):
         raise ValueError(
             f"page size must be a power of two between 4 KiB and 8 MiB, not {page_size}"
@@ -109,12 +123,8 @@ def _check_page_size(page_size: Any) -> int:
     return page_size
 
 
-def _check_arena_size(arena_size: Any) -> int:
-    if isinstance(arena_size, bool) or not isinstance(arena_size, int):
-        raise TypeError(f"arena_size must be an int, not {type(arena_size).__name__}")
-    if arena_size <= 0:
-        raise ValueError(f"arena size must be positive, not {arena_size}")
-    return arena_size
+def _check_arena_size(arena_size: Size) -> int:
+    return to_bytes(arena_size, "arena_size")
 
 
 def _resolve() -> tuple[int, int]:
@@ -141,7 +151,7 @@ def _resolve() -> tuple[int, int]:
 # ------------------------------------------------------------- the arena --
 
 
-def configure(arena_size: int | None = None, page_size: int | None = None) -> None:
+def configure(arena_size: Size | None = None, page_size: Size | None = None) -> None:
     """Set the arena's size and page size before it is first used.
 
     Defaults come from ``CLAMOR_ARENA_SIZE`` (32 GiB) and ``CLAMOR_PAGE_SIZE``
@@ -151,9 +161,9 @@ def configure(arena_size: int | None = None, page_size: int | None = None) -> No
     current ones is a no-op.
     """
     if page_size is not None:
-        _check_page_size(page_size)
+        page_size = _check_page_size(page_size)
     if arena_size is not None:
-        _check_arena_size(arena_size)
+        arena_size = _check_arena_size(arena_size)
     with _lock:
         if _arena is not None:
             wanted_page = page_size if page_size is not None else _arena.page_size

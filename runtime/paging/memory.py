@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 
 import psutil
-from clamor.runtime.paging.arena import format_bytes, parse_size
+from clamor.runtime.paging.arena import Size, format_bytes, to_bytes
 
 #: The page cache's share of a worker's budget; the rest is for partitions.
 PAGE_CACHE_SHARE = 0.5
@@ -24,7 +24,6 @@ HOST_SHARE = 0.75
 #: Where partitions beyond a worker's budget go.
 SPILL_POLICIES = ("peer", "disk")
 
-Size = int | str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,16 +55,6 @@ class WorkerBudget:
         )
 
 
-def to_bytes(size: Size, what: str = "worker_memory") -> int:
-    """``4GiB``, ``"512M"`` or an int, as a positive number of bytes."""
-    if isinstance(size, bool) or not isinstance(size, int | str):
-        raise TypeError(f"{what} must be a size like '4GiB' or a number of bytes, not {size!r}")
-    n = parse_size(size, what) if isinstance(size, str) else size
-    if n <= 0:
-        raise ValueError(f"{what} must be positive, not {size!r}")
-    return n
-
-
 def fair_share(local_workers: int) -> int:
     """The default budget: :data:`HOST_SHARE` of this host's memory over its local workers."""
     return int(psutil.virtual_memory().total * HOST_SHARE) // max(1, local_workers)
@@ -88,7 +77,7 @@ class Budgets:
                     raise ValueError(f"worker_memory keys must be worker ids (ints >= 0), not {worker!r}")
                 self.per_worker[worker] = to_bytes(size, f"worker_memory[{worker}]")
         elif worker_memory is not None:
-            self.default = to_bytes(worker_memory)
+            self.default = to_bytes(worker_memory, "worker_memory")
 
     def of(self, worker: int) -> WorkerBudget:
         return WorkerBudget(self.per_worker.get(worker, self.default))

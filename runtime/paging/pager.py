@@ -75,7 +75,7 @@ class DriverPager:
     def __init__(
         self,
         *,
-        page_size: int | None = None,
+        page_size: arena.Size | None = None,
         token: bytes,
         host: str = "127.0.0.1",
         transport: str = "auto",
@@ -93,7 +93,7 @@ class DriverPager:
                 "process's arena; close it first (one paging cluster per process)"
             )
         arena.get_arena()
-        self.page_size = int(page_size or arena.page_size())
+        self.page_size = arena.to_bytes(page_size, "page_size") if page_size else arena.page_size()
         self.arena_size = int(lib.clamor_arena_size())
         self.host, self.transport = host, transport
         self.readahead = readahead
