@@ -58,11 +58,14 @@ def test_listing_3_prefs_stay_the_pre_update_answers_after_a_kill():
 
         victim = prefs.locations()[0]  # holds partition 0, whose answers the update changed
         lost = [i for i, w in enumerate(prefs.locations()) if w == victim]
+        fetched = cluster.stats()["pages_fetched"]
+        assert cluster.stats()["pages_mapped"] > 0  # one host: the tree is read in place
         cluster.kill_worker(victim)
         graph = prefs.lineage()
         assert [graph.node(("ds", prefs.id, i)).state for i in lost] == ["lost"] * len(lost)
 
         assert np.array_equal(prefs.collect(), before_ref)  # recomputed from the old versions
+        assert cluster.stats()["pages_fetched"] > fetched  # copied from the version log
         assert np.array_equal(prefs2.collect(), after_ref)  # and the newer snapshot from its own
         graph = prefs.lineage()
         for i in range(8):

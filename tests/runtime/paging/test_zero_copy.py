@@ -80,6 +80,22 @@ def test_every_worker_reads_the_whole_table_in_place(cluster):
     assert all(len(r) >= pages for r in read_sets)  # every page read is still recorded
 
 
+def shmem() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Shmem:"))
+
+
+def test_four_workers_reading_a_1gib_table_add_less_than_a_quarter_of_it_to_shared_memory():
+    table = clamor.empty((1 << 30) // 8, np.int64)
+    table[:] = 1
+    with clamor.Cluster(workers=4) as cluster:
+        before = shmem()
+        sums = cluster.run_stage([(w, lambda t: int(t.sum()), (table,)) for w in cluster.workers])
+        grown = shmem() - before
+    assert sums == [len(table)] * 4
+    assert grown < table.nbytes // 4, f"shared memory grew by {grown >> 20} MiB"  # copying: 4 GiB
+
+
 def test_a_driver_write_while_a_task_maps_the_page_is_shot_down_first(cluster):
     x = clamor.array(PAGE // 8, np.float64)
     x[5] = 1.0
