@@ -29,6 +29,7 @@ from clamor.runtime.paging.arena import (
     in_arena,
     shared,
 )
+from clamor.runtime.paging.pager import prefetch
 
 __version__ = "0.1.0"
 
@@ -60,6 +61,7 @@ __all__ = [
     "empty",
     "empty_like",
     "in_arena",
+    "prefetch",
     "restore",
     "shared",
 ]

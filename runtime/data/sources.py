@@ -21,6 +21,7 @@ from clamor.runtime.data.ops import bounds
 from clamor.runtime.data.plan import Source, new_node_id
 from clamor.runtime.net import shipping
 from clamor.runtime.paging import arena
+from clamor.runtime.paging.pager import prefetch
 from clamor.runtime.stage import StageRunner, TaskContext
 
 logger = logging.getLogger("clamor.dataset")
@@ -55,7 +56,10 @@ class ChunksOp:
 
     def compute(self, ctx: TaskContext, i: int) -> Any:
         if self.chunks is not None:
-            return self.chunks[i]
+            chunk = self.chunks[i]
+            if isinstance(chunk, np.ndarray):
+                prefetch(chunk)  # a slice of an arena array: its pages in one stream
+            return chunk
         return ctx.input(self.driver_keys + (i,))
 
     def reads(self, i: int) -> tuple[tuple[int, int], ...]:

@@ -143,6 +143,8 @@ typedef struct {
     uint64_t cache_limit_pages; /* 0: unlimited */
     uint64_t pages_mapped;      /* zero copy: page versions mapped from the driver (first mapping; later ones are soft faults) */
     uint64_t shootdowns;        /* zero copy: pages unmapped before a driver write */
+    uint64_t prefetched_pages;  /* made resident by clamor_worker_prefetch (mapped or fetched) */
+    uint64_t prefetch_requests; /* GET requests prefetch sent (runs of pages batched, pipelined) */
 } clamor_worker_stats;
 
 int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,
@@ -162,6 +164,10 @@ int clamor_worker_touch(uint64_t offset, uint64_t length);
  * beyond it are evicted with CLOCK before a new one is installed, and the
  * driver's directory is told. Lowering it takes effect at the next install. */
 void clamor_worker_set_cache_limit(uint64_t pages);
+/* Makes pages (sorted, unique page numbers) resident for the running task, recorded in its
+ * read set: mapped from the driver (same host), from the cache, or fetched from the driver
+ * with many requests in flight. Returns how many are resident; the others fault as usual. */
+uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n);
 
 /* ---------------------------------------------------------- checkpoints --
  * (runtime/data/checkpoint.py; issue 4 item 5) Save and re-create the arena's

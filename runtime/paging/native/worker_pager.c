@@ -59,6 +59,7 @@
 #define DRIVER_TIMEOUT_MS 60000
 #define PEER_TIMEOUT_MS 5000
 #define READAHEAD_BYTES (16u << 20)
+#define PREFETCH_WINDOW 32 /* prefetch GETs in flight on the driver connection */
 
 static struct {
     int running, id;
@@ -95,6 +96,8 @@ static struct {
     cl_zap_slot *zap;         /* zero copy: our shoot-down slot (shared with the driver) */
     _Atomic uint32_t *maps;   /* zero copy: per page, mappings from the driver (shared) */
     pthread_mutex_t map_lock; /* zero copy: mapping from the driver vs. shoot-downs */
+    pthread_mutex_t fetch_lock; /* the fault handler vs. a task thread's prefetch: the driver
+                                 * connection, the cache tables, the CLOCK hand */
     int run;
     cl_server *server;
     cl_tls_ctx *tls; /* NULL: plaintext page protocol */
@@ -527,9 +530,17 @@ static void maybe_read_ahead(uint64_t p, uint32_t E) {
 
 /* ------------------------------------------------------- fault handler -- */
 
+static void resolve_fault(uint64_t p, uint64_t flags);
+
 static void on_fault(uint64_t addr, uint64_t flags) {
     uint64_t p = (addr - (uint64_t)(uintptr_t)W.ro) / W.ps;
     if (p >= W.npages) return;
+    pthread_mutex_lock(&W.fetch_lock);
+    resolve_fault(p, flags);
+    pthread_mutex_unlock(&W.fetch_lock);
+}
+
+static void resolve_fault(uint64_t p, uint64_t flags) {
     uint64_t t = atomic_load(&W.touched);
     while (p + 1 > t && !atomic_compare_exchange_weak(&W.touched, &t, p + 1)) {}
     uint32_t E = atomic_load(&W.epoch), v, hi;
@@ -566,6 +577,79 @@ static void *fault_main(void *arg) {
                 on_fault(msgs[i].arg.pagefault.address, msgs[i].arg.pagefault.flags);
     }
     return NULL;
+}
+
+/* ------------------------------------------------------------ prefetch -- */
+
+/* Fetches pages (sorted; none cached for E) from the driver with up to PREFETCH_WINDOW
+ * GETs in flight, consecutive pages batched into one GET, and installs them. A page the
+ * driver refuses, or that a broken connection leaves out, is fetched on its fault. */
+static void fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E) {
+    struct { uint64_t first, n; } q[PREFETCH_WINDOW];
+    uint64_t next = 0, head = 0, len = 0;
+    int fd = driver(pages[0]);
+    cl_msg m;
+    while (next < n || len) {
+        while (len < PREFETCH_WINDOW && next < n) { /* keep the window full */
+            uint64_t first = pages[next], k = 1;
+            while (next + k < n && pages[next + k] == first + k && k < CL_MAX_BATCH) k++;
+            cl_msg g = cl_make(CL_GET, first, E, (uint32_t)k);
+            g.flags = CL_GET_NO_REDIRECT;
+            if (cl_send_msg(fd, &g, NULL)) goto io_error;
+            q[(head + len) % PREFETCH_WINDOW].first = first, q[(head + len) % PREFETCH_WINDOW].n = k;
+            len++, next += k;
+            ADD(prefetch_requests, 1);
+        }
+        uint64_t first = q[head].first, k = q[head].n;
+        head = (head + 1) % PREFETCH_WINDOW, len--;
+        for (uint64_t i = 0; i < k; i++) { /* the answers of one GET, in order */
+            if (cl_recv_msg(fd, &m)) goto io_error;
+            if (m.type == CL_ERROR) break; /* the rest of this GET is not answered */
+            make_room(first + i);
+            if (recv_page(fd, &m, first + i)) goto io_error;
+            install(first + i, m.epoch, m.aux);
+            record(first + i, m.epoch);
+            map_cached(first + i);
+            ADD(from_driver, 1), ADD(prefetched_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
+        }
+    }
+    return;
+io_error:
+    reset_driver();
+}
+
+uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
+    if (!W.running || !n) return 0;
+    uint32_t E = atomic_load(&W.epoch);
+    uint64_t *missing = malloc(n * sizeof *missing), m = 0, done = 0;
+    if (!missing) return 0;
+    uint64_t limit = __atomic_load_n(&W.st.cache_limit_pages, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&W.fetch_lock);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t p = pages[i];
+        uint32_t v, hi;
+        if (p >= W.npages || (i && p <= pages[i - 1])) continue; /* sorted and unique only */
+        if (W.zero_copy && map_direct(p, E) == 0) {
+            ADD(prefetched_pages, 1), done++;
+        } else if (cached_for(p, E, &v, &hi) == 1) {
+            referenced(p);
+            record(p, v);
+            map_cached(p);
+            done++;
+        } else if (!limit || m < limit / 2) { /* never more than the cache keeps */
+            missing[m++] = p;
+        }
+    }
+    for (uint64_t i = 0; i < m; i++)
+        if (W.cver1[missing[i]]) evict(missing[i], 0); /* cached, but another version */
+    if (m) {
+        uint64_t before = W.st.prefetched_pages;
+        fetch_pipelined(missing, m, E);
+        done += W.st.prefetched_pages - before;
+    }
+    pthread_mutex_unlock(&W.fetch_lock);
+    free(missing);
+    return done;
 }
 
 /* --------------------------------------------------------- page server -- */
@@ -632,6 +716,7 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
         if (!W.tls) return -1;
     }
     pthread_mutex_init(&W.map_lock, NULL);
+    pthread_mutex_init(&W.fetch_lock, NULL);
     if (shm_arena_path && *shm_arena_path) {
         /* Read-write for zero copy only because userfaultfd registers only mappings
          * that could be made writable; the range itself stays PROT_READ. */

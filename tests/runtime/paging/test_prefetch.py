@@ -1,0 +1,94 @@
+"""``clamor.prefetch(array, index)``: a task that knows its indices brings their pages in
+as one pipelined stream (many requests in flight) instead of one round trip per fault.
+
+It returns the same bytes as faulting page by page, at every page size, at the task's
+epoch (also after a driver write, and for a replay at an older epoch); the pages count
+in the task's read set; on the driver's host it maps them in place; anywhere else
+than on a worker it does nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import clamor
+
+pytestmark = pytest.mark.slow
+
+PAGE_SIZES = {"4KiB": 4 << 10, "4MiB": 4 << 20}
+
+
+@pytest.fixture(scope="module")
+def table() -> np.ndarray:
+    t = clamor.empty((32 << 20) // 8, np.int64)
+    t[:] = np.arange(len(t))
+    return t
+
+
+@pytest.fixture(scope="module")
+def indices(table) -> np.ndarray:
+    return np.sort(np.random.default_rng(3).integers(0, len(table), 3000))
+
+
+def gather(t: np.ndarray, i: np.ndarray) -> int:
+    return int(t[i].sum())
+
+
+def prefetch_then_gather(t: np.ndarray, i: np.ndarray) -> tuple[int, int]:
+    n = clamor.prefetch(t, i)
+    return gather(t, i), n
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES.values(), ids=PAGE_SIZES.keys())
+def test_prefetched_pages_are_the_faulted_ones_over_tcp(table, indices, page_size):
+    """Over TCP: the same sum and read set as page faults, with every page prefetched
+    and far fewer requests than pages."""
+    expected = int(table[indices].sum())
+    with clamor.Cluster(workers=2, page_size=page_size, transport="tcp", readahead=False) as cluster:
+        faulted = cluster.run(gather, table, indices, worker=0)
+        faulted_reads = cluster.last_read_sets[0]
+        (got, resident) = cluster.run(prefetch_then_gather, table, indices, worker=1)
+        prefetched_reads = cluster.last_read_sets[0]
+        w1 = cluster.worker_stats()[1]
+    assert faulted == got == expected
+    assert prefetched_reads == faulted_reads and resident == len(faulted_reads)
+    assert w1["faults"] == 0 and w1["prefetched_pages"] == len(faulted_reads)
+    if page_size == 4 << 10:  # 3,000 scattered pages: runs of neighbours share a request
+        assert w1["prefetch_requests"] < len(faulted_reads)
+
+
+def test_prefetch_reads_the_tasks_epoch(table):
+    x = clamor.array(64 * (4 << 10) // 8, np.int64)
+    x[:] = 1
+    rows = np.arange(0, len(x), 512)
+    with clamor.Cluster(workers=1, page_size=4 << 10, transport="tcp") as cluster:
+        assert cluster.run(prefetch_then_gather, x, rows)[0] == len(rows)
+        old = cluster.stats()["epoch"]
+        with cluster.keep_versions(old):
+            x[:] = 2  # new versions of every page
+            assert cluster.run(prefetch_then_gather, x, rows)[0] == 2 * len(rows)
+            assert cluster.run(prefetch_then_gather, x, rows, epoch=old)[0] == len(rows)
+
+
+def test_on_the_drivers_host_prefetch_maps_in_place(table, indices):
+    with clamor.Cluster(workers=1, page_size=4 << 10) as cluster:
+        got, resident = cluster.run(prefetch_then_gather, table, indices)
+        stats = cluster.worker_stats()[0]
+    assert got == int(table[indices].sum())
+    assert resident == stats["pages_mapped"] == stats["prefetched_pages"] > 0
+    assert stats["pages_fetched"] == 0 and stats["faults"] == 0
+
+
+def test_a_partition_of_an_arena_array_arrives_as_one_stream(table):
+    with clamor.Cluster(workers=2, page_size=64 << 10, transport="tcp", readahead=False) as cluster:
+        sums = cluster.parallelize(table, partitions=4).map_partitions(lambda p: [int(p.sum())]).collect()
+        stats = cluster.worker_stats()
+    assert sum(sums) == int(table.sum())
+    assert sum(w["prefetched_pages"] for w in stats) >= table.nbytes // (64 << 10)
+    assert sum(w["faults"] for w in stats) <= 8  # the pages were there before the task touched them
+
+
+def test_prefetch_outside_a_worker_does_nothing(table):
+    assert clamor.prefetch(table) == 0
+    assert clamor.prefetch(np.arange(10), [1, 2]) == 0
