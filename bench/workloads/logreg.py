@@ -211,6 +211,10 @@ def run_clamor(p: dict) -> list[dict]:
         drv = Driver(p, w, idx, val, y)
 
         def step(rows: range) -> np.ndarray:
+            if p["prefetch"]:  # the rows, then the weights they read: streams, not scattered faults
+                for a in (idx, val, y):
+                    clamor.prefetch(a, rows)
+                clamor.prefetch(w, np.unique(idx[rows.start:rows.stop]))
             i, c = grad_rows(idx, val, y, w, rows.start, rows.stop)
             grad.add(i, c)
             return np.array([len(rows)])
@@ -387,6 +391,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=512, help="examples per iteration (512)")
     ap.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the field values (1.2)")
     ap.add_argument("--page-size", type=int, default=4096, help="Clamor page size (4 KiB)")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="Clamor's tasks fault their pages in one by one (no clamor.prefetch)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per system")
     ap.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
@@ -402,7 +408,7 @@ def main() -> None:
     p = {"dim": args.dim or (10**7 if args.quick else 10**8), "batch": batch, "iterations": iters,
          "examples": iters * batch, "partitions": 2 * WORKERS, "lr": 0.5, "zipf": args.zipf, "seed": 8,
          "eval": min(4096, iters * batch), "page_size": args.page_size, "fields": FIELDS,
-         "workers": WORKERS, "quick": args.quick, "cases": ["per iteration"]}
+         "workers": WORKERS, "quick": args.quick, "cases": ["per iteration"], "prefetch": not args.no_prefetch}
     systems = [s for s in args.only.split(",") if s]
     ref = reference_losses(p)
     rows = harness.run_all(Path(__file__).resolve(), systems, ["--params", json.dumps(p)], p["cases"],

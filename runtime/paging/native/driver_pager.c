@@ -10,10 +10,11 @@
  * version from the log; the new contents become the next version.
  *
  * Same-host zero copy: workers on this host map the arena's pages instead of
- * copying them. Before the first write to a page in an epoch lands, the write
- * handler marks it dirty and has every same-host worker that maps it unmap it
- * (shoot_down; the protocol is in pager_common.h), so a running task goes on
- * reading the sealed version, now from the version log.
+ * copying them. Before the first write to a page in an epoch lands during a
+ * running stage, the write handler marks it dirty and has every same-host worker
+ * that maps it unmap it (shoot_down; the protocol is in pager_common.h), so a
+ * running task goes on reading the sealed version, now from the version log.
+ * Between stages nothing is shot down: every task unmaps all pages when it starts.
  *
  * Directory: which workers hold the current version of each page. A GET for
  * a page that some other worker holds is answered with REDIRECT to one of
@@ -190,7 +191,10 @@ static void on_write_fault(uint64_t addr) {
         D.log[p] = e;
         D.flags[p] |= FL_DIRTY;
         atomic_store_explicit(&D.state[p], ((uint64_t)D.version[p] << 1) | 1, memory_order_release);
-        shoot_down(p);
+        /* Between stages no task is reading: each task unmaps everything when it starts
+         * (begin_task), so only a write during a running stage needs the shoot-down. The
+         * stage lock held here orders this test with begin_stage. */
+        if (__atomic_load_n(&D.st.stage_running, __ATOMIC_ACQUIRE)) shoot_down(p);
         ADD(cow_copies, 1);
         ADD(version_log_bytes, D.ps);
         ADD(version_log_entries, 1);
@@ -253,7 +257,7 @@ static uint32_t begin_stage(void) {
     }
     ADD(invalidations, D.ninval);
     atomic_store(&D.epoch, E);
-    D.st.stage_running = 1;
+    __atomic_store_n(&D.st.stage_running, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&D.stage);
     return E;
 }
@@ -274,7 +278,7 @@ uint64_t clamor_driver_invalidated(uint64_t *out, uint64_t cap) {
     return n;
 }
 
-void clamor_driver_end_stage(void) { D.st.stage_running = 0; }
+void clamor_driver_end_stage(void) { __atomic_store_n(&D.st.stage_running, 0, __ATOMIC_RELEASE); }
 
 /* Frees the log entries no epoch >= floor can read. Walking a page's log newest
  * first: a dirty page's head (its sealed current version) is kept; then every
