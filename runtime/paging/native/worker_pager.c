@@ -532,6 +532,12 @@ static void maybe_read_ahead(uint64_t p, uint32_t E) {
 
 static void resolve_fault(uint64_t p, uint64_t flags);
 
+/* Page p may be mapped from now on: task starts unmap [0, touched). */
+static void mark_touched(uint64_t p) {
+    uint64_t t = atomic_load(&W.touched);
+    while (p + 1 > t && !atomic_compare_exchange_weak(&W.touched, &t, p + 1)) {}
+}
+
 static void on_fault(uint64_t addr, uint64_t flags) {
     uint64_t p = (addr - (uint64_t)(uintptr_t)W.ro) / W.ps;
     if (p >= W.npages) return;
@@ -541,8 +547,7 @@ static void on_fault(uint64_t addr, uint64_t flags) {
 }
 
 static void resolve_fault(uint64_t p, uint64_t flags) {
-    uint64_t t = atomic_load(&W.touched);
-    while (p + 1 > t && !atomic_compare_exchange_weak(&W.touched, &t, p + 1)) {}
+    mark_touched(p);
     uint32_t E = atomic_load(&W.epoch), v, hi;
     if (W.zero_copy && map_direct(p, E) == 0) return;
     int state = cached_for(p, E, &v, &hi);
@@ -629,6 +634,7 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
         uint64_t p = pages[i];
         uint32_t v, hi;
         if (p >= W.npages || (i && p <= pages[i - 1])) continue; /* sorted and unique only */
+        mark_touched(p);
         if (W.zero_copy && map_direct(p, E) == 0) {
             ADD(prefetched_pages, 1), done++;
         } else if (cached_for(p, E, &v, &hi) == 1) {

@@ -92,3 +92,16 @@ def test_a_partition_of_an_arena_array_arrives_as_one_stream(table):
 def test_prefetch_outside_a_worker_does_nothing(table):
     assert clamor.prefetch(table) == 0
     assert clamor.prefetch(np.arange(10), [1, 2]) == 0
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_page_prefetched_by_one_task_is_recorded_again_by_the_next(transport):
+    """Pages are unmapped when a task starts, also those a prefetch mapped beyond any
+    fault: otherwise the next task would read one without recording it."""
+    x = clamor.array(256 * (4 << 10) // 8, np.int64)
+    x[:] = 7
+    last = len(x) - 1
+    with clamor.Cluster(workers=1, page_size=4 << 10, transport=transport) as cluster:
+        assert cluster.run(lambda a, i: clamor.prefetch(a, [i]), x, last) == 1
+        assert cluster.run(lambda a, i: int(a[i]), x, last) == 7
+        assert len(cluster.last_read_sets[0]) == 1
