@@ -25,6 +25,7 @@ SOURCES = [
     "page_server.c",
     "driver_pager.c",
     "worker_pager.c",
+    "worker_fetch.c",
     "tls.c",
 ]
 

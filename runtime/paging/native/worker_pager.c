@@ -39,74 +39,11 @@
  * (CL_HAVE_DROPPED) so it stops redirecting peers here for that page. Only the
  * fault handler thread installs and evicts for room, so the hand needs no lock.
  */
-#include <errno.h>
-#include <fcntl.h>
-#include <linux/falloc.h>
-#include <linux/userfaultfd.h>
-#include <poll.h>
-#include <stdatomic.h>
-#include <stdlib.h>
-#include <sys/ioctl.h>
-#include <sys/mman.h>
-#include <unistd.h>
+#include "worker_pager.h"
 
-#include "clamor.h"
-#include "page_server.h"
-#include "pager_common.h"
+worker_state W;
 
-#define EXIT_DRIVER_UNREACHABLE CLAMOR_EXIT_DRIVER_UNREACHABLE
-#define EXIT_PAGE_ERROR CLAMOR_EXIT_PAGE_ERROR
-#define DRIVER_TIMEOUT_MS 60000
-#define PEER_TIMEOUT_MS 5000
-#define READAHEAD_BYTES (16u << 20)
-#define PREFETCH_WINDOW 32 /* prefetch GETs in flight on the driver connection */
-
-static struct {
-    int running, id;
-    uint8_t *ro;
-    uint64_t size, ps, npages;
-    int cache_fd, uffd;
-    pthread_t thread;
-    uint8_t *token;
-    size_t token_len;
-    uint32_t drv_ip;
-    int drv_port, drv_fd;
-    int shm_fd;         /* the driver's arena memfd, when on the same host */
-    const _Atomic uint64_t *shm_state;
-    uint8_t *buf;       /* one page, warm: network pages land here first */
-    int peer_fd[CL_MAX_WORKERS];
-    uint32_t peer_ip[CL_MAX_WORKERS], peer_port[CL_MAX_WORKERS];
-    int readahead;
-    uint32_t *cver1;  /* cached version + 1; 0 = not cached */
-    uint32_t *cvalid; /* last epoch the cached bytes are valid for */
-    uint32_t *readmark;
-    cl_stripes stripes;
-    _Atomic uint32_t epoch, task_seq;
-    pthread_mutex_t rs_lock;
-    uint64_t *rs_pages, rs_n, rs_cap;
-    uint32_t *rs_vers;
-    _Atomic uint64_t touched;
-    uint64_t *refbits;          /* CLOCK reference bits, one per page */
-    uint64_t hand, clock_end;   /* the hand sweeps [0, clock_end): past every page installed */
-    uint64_t last_missing, ra_window;
-    int zero_copy;            /* the range maps the driver's memfd (same host) */
-    uint8_t *private_page;    /* zero copy: 1 where the range maps the cache memfd instead */
-    uint32_t *mapped_ver1;    /* zero copy: version + 1 of the page last counted as mapped */
-    _Atomic uint64_t *mapped; /* zero copy: our bitmap of pages mapped from the driver (shared) */
-    cl_zap_slot *zap;         /* zero copy: our shoot-down slot (shared with the driver) */
-    _Atomic uint32_t *maps;   /* zero copy: per page, mappings from the driver (shared) */
-    pthread_mutex_t map_lock; /* zero copy: mapping from the driver vs. shoot-downs */
-    pthread_mutex_t fetch_lock; /* the fault handler vs. a task thread's prefetch: the driver
-                                 * connection, the cache tables, the CLOCK hand */
-    int run;
-    cl_server *server;
-    cl_tls_ctx *tls; /* NULL: plaintext page protocol */
-    clamor_worker_stats st;
-} W;
-
-#define ADD(field, n) __atomic_fetch_add(&W.st.field, (n), __ATOMIC_RELAXED)
-
-static void die(int status, const char *why, uint64_t page) {
+void die(int status, const char *why, uint64_t page) {
     cl_log("worker %d: %s (page %llu); exiting with status %d", W.id, why,
            (unsigned long long)page, status);
     _exit(status);
@@ -114,7 +51,7 @@ static void die(int status, const char *why, uint64_t page) {
 
 /* --------------------------------------------------------- cache table -- */
 
-static int cached_for(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
+int cached_for(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
     pthread_mutex_t *m = cl_stripe(&W.stripes, p);
     pthread_mutex_lock(m);
     uint32_t v1 = W.cver1[p];
@@ -125,9 +62,9 @@ static int cached_for(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
     return (*v <= E && E <= *hi) ? 1 : 0;
 }
 
-static void referenced(uint64_t p) { W.refbits[p >> 6] |= 1ull << (p & 63); }
+void referenced(uint64_t p) { W.refbits[p >> 6] |= 1ull << (p & 63); }
 
-static void install(uint64_t p, uint32_t v, uint32_t hi) {
+void install(uint64_t p, uint32_t v, uint32_t hi) {
     pthread_mutex_t *m = cl_stripe(&W.stripes, p);
     pthread_mutex_lock(m);
     if (!W.cver1[p]) ADD(cached_pages, 1);
@@ -138,13 +75,13 @@ static void install(uint64_t p, uint32_t v, uint32_t hi) {
     if (p + 1 > W.clock_end) W.clock_end = p + 1;
 }
 
-static void tell_dropped(uint64_t p);
+void tell_dropped(uint64_t p);
 
 /* Drops page p from the cache; with `tell`, the driver's directory too. The
  * table entry goes first (under the stripe lock that answer() reads it under),
  * so a peer asking from then on gets NOT_HELD, never a half-punched page.
  * Returns whether p was cached (only the caller that cleared it counts it). */
-static int evict(uint64_t p, int tell) {
+int evict(uint64_t p, int tell) {
     pthread_mutex_t *m = cl_stripe(&W.stripes, p);
     pthread_mutex_lock(m);
     int held = W.cver1[p] != 0;
@@ -163,7 +100,7 @@ static int evict(uint64_t p, int tell) {
  * the cost is O(1) amortised per install when the cache is dense in
  * [0, clock_end). Two full sweeps always find a victim unless only `keep` is
  * cached; the step bound only guards against a limit below 2. */
-static void make_room(uint64_t keep) {
+void make_room(uint64_t keep) {
     uint64_t limit = __atomic_load_n(&W.st.cache_limit_pages, __ATOMIC_RELAXED);
     if (!limit) return;
     for (uint64_t steps = 0; __atomic_load_n(&W.st.cached_pages, __ATOMIC_RELAXED) >= limit;) {
@@ -180,7 +117,7 @@ static void make_room(uint64_t keep) {
     }
 }
 
-static void record(uint64_t p, uint32_t v) {
+void record(uint64_t p, uint32_t v) {
     uint32_t seq = atomic_load(&W.task_seq);
     if (W.readmark[p] == seq) return;
     W.readmark[p] = seq;
@@ -252,7 +189,7 @@ static int remap(uint64_t p, int fd) {
 
 /* Maps the driver's own page p for a task at epoch E if the driver's bytes are
  * the version E reads. 0: mapped (and recorded); -1: the caller copies instead. */
-static int map_direct(uint64_t p, uint32_t E) {
+int map_direct(uint64_t p, uint32_t E) {
     const uint64_t bit = 1ull << (p & 63);
     int mapped = 0, was_private = 0;
     pthread_mutex_lock(&W.map_lock);
@@ -285,7 +222,7 @@ static int map_direct(uint64_t p, uint32_t E) {
 }
 
 /* Maps page p from the cache (where it was just installed or found). */
-static void map_cached(uint64_t p) {
+void map_cached(uint64_t p) {
     if (W.zero_copy && !W.private_page[p]) {
         pthread_mutex_lock(&W.map_lock);
         if (remap(p, W.cache_fd))
@@ -323,217 +260,12 @@ static void *zap_main(void *arg) {
     return NULL;
 }
 
-/* ------------------------------------------------------------ fetching -- */
-
-/* Connects to a page server: TLS first when the cluster uses it, then the token. */
-static int connect_authenticated(uint32_t ip, int port, int timeout_ms) {
-    int fd = cl_connect(ip, port, timeout_ms);
-    if (fd < 0) return -1;
-    char why[256];
-    if (W.tls && cl_tls_connect(W.tls, fd, why, sizeof why)) {
-        cl_log("worker %d: TLS handshake with %u.%u.%u.%u:%d failed: %s", W.id, ip >> 24, (ip >> 16) & 255,
-               (ip >> 8) & 255, ip & 255, port, why);
-        cl_close(fd);
-        return -1;
-    }
-    if (cl_client_handshake(fd, W.token, W.token_len, (uint32_t)W.id)) {
-        cl_close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static void reset_driver(void) {
-    cl_close(W.drv_fd);
-    W.drv_fd = -1;
-}
-
-static int driver(uint64_t page) {
-    for (int attempt = 0; W.drv_fd < 0; attempt++) {
-        if (attempt == 10) die(EXIT_DRIVER_UNREACHABLE, "cannot reach the driver's page server", page);
-        if (attempt) usleep(200000u * (unsigned)attempt);
-        W.drv_fd = connect_authenticated(W.drv_ip, W.drv_port, DRIVER_TIMEOUT_MS);
-    }
-    return W.drv_fd;
-}
-
-static void tell_driver(uint64_t p, uint32_t v, uint32_t source) {
-    cl_msg h = cl_make(CL_HAVE, p, v, source);
-    if (cl_send_msg(driver(p), &h, NULL)) reset_driver();
-}
-
-/* On the fault thread's own driver connection, so it stays ordered with the
- * GETs and HAVEs for the same page. A notice lost with a broken connection
- * only leaves a stale holder bit: a peer redirected here gets NOT_HELD and
- * falls back to the driver. */
-static void tell_dropped(uint64_t p) {
-    cl_msg h = cl_make(CL_HAVE, p, 0, 0);
-    h.flags = CL_HAVE_DROPPED;
-    if (cl_send_msg(driver(p), &h, NULL)) reset_driver();
-}
-
-static int write_cache(uint64_t p, const uint8_t *src) {
-    for (uint64_t done = 0; done < W.ps;) {
-        ssize_t n = pwrite(W.cache_fd, src + done, W.ps - done, (off_t)(p * W.ps + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
-        done += (uint64_t)n;
-    }
-    return 0;
-}
-
-static int recv_page(int fd, const cl_msg *m, uint64_t p) {
-    if (m->type != CL_PAGE || m->page != p || m->length != W.ps) return -1;
-    if (cl_recv_all(fd, W.buf, W.ps)) return -1;
-    if (write_cache(p, W.buf)) die(EXIT_PAGE_ERROR, "cannot write the page cache (out of memory?)", p);
-    return 0;
-}
-
-static int copy_from_driver_memfd(uint64_t p) {
-    loff_t in = (loff_t)(p * W.ps), out = in;
-    for (uint64_t left = W.ps; left;) {
-        ssize_t n = copy_file_range(W.shm_fd, &in, W.cache_fd, &out, left, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
-        left -= (uint64_t)n;
-    }
-    return 0;
-}
-
-static int fetch_shm(uint64_t p, uint32_t E, uint32_t *v) {
-    if (W.shm_fd < 0) return -1;
-    uint64_t s1 = atomic_load_explicit(&W.shm_state[p], memory_order_acquire);
-    if ((s1 & 1) || (s1 >> 1) == 0 || (s1 >> 1) > E) return -1;
-    if (copy_from_driver_memfd(p)) return -1;
-    atomic_thread_fence(memory_order_acquire);
-    if (atomic_load_explicit(&W.shm_state[p], memory_order_relaxed) != s1) return -1;
-    *v = (uint32_t)(s1 >> 1);
-    return 0;
-}
-
-static int fetch_peer(uint32_t peer, uint32_t ip, uint32_t port, uint64_t p, uint32_t E,
-                      uint32_t *v, uint32_t *hi) {
-    if (peer >= CL_MAX_WORKERS || peer == (uint32_t)W.id) return -1;
-    int *fd = &W.peer_fd[peer];
-    if (*fd >= 0 && (W.peer_ip[peer] != ip || W.peer_port[peer] != port)) cl_close(*fd), *fd = -1;
-    if (*fd < 0) {
-        *fd = connect_authenticated(ip, (int)port, PEER_TIMEOUT_MS);
-        if (*fd < 0) return -1;
-        W.peer_ip[peer] = ip, W.peer_port[peer] = port;
-    }
-    cl_msg g = cl_make(CL_GET, p, E, 1), m;
-    g.flags = CL_GET_NO_REDIRECT;
-    if (cl_send_msg(*fd, &g, NULL) || cl_recv_msg(*fd, &m)) goto broken;
-    if (m.type == CL_ERROR) return -1;
-    if (recv_page(*fd, &m, p)) goto broken;
-    *v = m.epoch, *hi = m.aux;
-    return 0;
-broken:
-    cl_close(*fd), *fd = -1;
-    return -1;
-}
-
-/* Fetches the latest version <= E of page p into its cache slot. */
-static void fetch(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
-    if (fetch_shm(p, E, v) == 0) {
-        *hi = CL_OPEN_ENDED;
-        ADD(from_shm, 1);
-        tell_driver(p, *v, 0);
-        return;
-    }
-    uint32_t failed = 0;
-    for (int io_errors = 0;;) {
-        int fd = driver(p);
-        cl_msg g = cl_make(CL_GET, p, E, 1), m;
-        g.flags = failed ? CL_GET_NO_REDIRECT : 0;
-        g.aux2 = failed;
-        if (cl_send_msg(fd, &g, NULL) || cl_recv_msg(fd, &m)) goto io_error;
-        if (m.type == CL_PAGE) {
-            if (recv_page(fd, &m, p)) goto io_error;
-            *v = m.epoch, *hi = m.aux;
-            ADD(from_driver, 1);
-            return;
-        }
-        if (m.type == CL_REDIRECT && !failed) {
-            ADD(redirects, 1);
-            if (fetch_peer(m.aux, m.aux2, m.flags, p, E, v, hi) == 0) {
-                ADD(from_peers, 1);
-                tell_driver(p, *v, m.aux + 1);
-                return;
-            }
-            ADD(peer_fallbacks, 1);
-            failed = m.aux + 1;
-            continue;
-        }
-        if (m.type == CL_ERROR) {
-            char why[128];
-            snprintf(why, sizeof why, "the driver refused a page at epoch %u: %s", E, cl_error_name(m.aux));
-            die(EXIT_PAGE_ERROR, why, p);
-        }
-    io_error:
-        reset_driver();
-        if (++io_errors == 5) die(EXIT_DRIVER_UNREACHABLE, "lost the connection to the driver", p);
-    }
-}
-
-/* Fetches pages [p, p + n) (none cached) in one request, after a sequential run. */
-static void read_ahead(uint64_t p, uint64_t n, uint32_t E) {
-    if (W.shm_fd >= 0) {
-        for (uint64_t i = 0; i < n; i++) {
-            uint32_t v;
-            make_room(p + i);
-            if (fetch_shm(p + i, E, &v)) return;
-            install(p + i, v, CL_OPEN_ENDED);
-            tell_driver(p + i, v, 0);
-            ADD(from_shm, 1), ADD(readahead_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
-        }
-        return;
-    }
-    int fd = driver(p);
-    cl_msg g = cl_make(CL_GET, p, E, (uint32_t)n), m;
-    g.flags = CL_GET_NO_REDIRECT;
-    if (cl_send_msg(fd, &g, NULL)) goto io_error;
-    for (uint64_t i = 0; i < n; i++) {
-        if (cl_recv_msg(fd, &m)) goto io_error;
-        if (m.type == CL_ERROR) return;
-        make_room(p + i);
-        if (recv_page(fd, &m, p + i)) goto io_error;
-        install(p + i, m.epoch, m.aux);
-        ADD(from_driver, 1), ADD(readahead_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
-    }
-    return;
-io_error:
-    reset_driver(); /* the pages not received are simply fetched on demand */
-}
-
-static void maybe_read_ahead(uint64_t p, uint32_t E) {
-    if (p == W.last_missing + 1) {
-        W.run++;
-    } else {
-        W.run = 0;
-        W.ra_window = 4;
-    }
-    W.last_missing = p;
-    if (!W.readahead || W.run < 2) return;
-    uint64_t max = READAHEAD_BYTES / W.ps;
-    if (max < 1) max = 1;
-    if (max > CL_MAX_BATCH) max = CL_MAX_BATCH;
-    uint64_t limit = __atomic_load_n(&W.st.cache_limit_pages, __ATOMIC_RELAXED);
-    if (limit && max > limit / 4) max = limit / 4; /* never evicts what it just fetched */
-    uint64_t n = 0;
-    while (n < W.ra_window && n < max && p + 1 + n < W.npages && !W.cver1[p + 1 + n]) n++;
-    if (!n) return;
-    read_ahead(p + 1, n, E);
-    W.last_missing = p + n;
-    W.ra_window = W.ra_window * 2 < max ? W.ra_window * 2 : max;
-}
-
 /* ------------------------------------------------------- fault handler -- */
 
 static void resolve_fault(uint64_t p, uint64_t flags);
 
 /* Page p may be mapped from now on: task starts unmap [0, touched). */
-static void mark_touched(uint64_t p) {
+void mark_touched(uint64_t p) {
     uint64_t t = atomic_load(&W.touched);
     while (p + 1 > t && !atomic_compare_exchange_weak(&W.touched, &t, p + 1)) {}
 }
@@ -582,80 +314,6 @@ static void *fault_main(void *arg) {
                 on_fault(msgs[i].arg.pagefault.address, msgs[i].arg.pagefault.flags);
     }
     return NULL;
-}
-
-/* ------------------------------------------------------------ prefetch -- */
-
-/* Fetches pages (sorted; none cached for E) from the driver with up to PREFETCH_WINDOW
- * GETs in flight, consecutive pages batched into one GET, and installs them. A page the
- * driver refuses, or that a broken connection leaves out, is fetched on its fault. */
-static void fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E) {
-    struct { uint64_t first, n; } q[PREFETCH_WINDOW];
-    uint64_t next = 0, head = 0, len = 0;
-    int fd = driver(pages[0]);
-    cl_msg m;
-    while (next < n || len) {
-        while (len < PREFETCH_WINDOW && next < n) { /* keep the window full */
-            uint64_t first = pages[next], k = 1;
-            while (next + k < n && pages[next + k] == first + k && k < CL_MAX_BATCH) k++;
-            cl_msg g = cl_make(CL_GET, first, E, (uint32_t)k);
-            g.flags = CL_GET_NO_REDIRECT;
-            if (cl_send_msg(fd, &g, NULL)) goto io_error;
-            q[(head + len) % PREFETCH_WINDOW].first = first, q[(head + len) % PREFETCH_WINDOW].n = k;
-            len++, next += k;
-            ADD(prefetch_requests, 1);
-        }
-        uint64_t first = q[head].first, k = q[head].n;
-        head = (head + 1) % PREFETCH_WINDOW, len--;
-        for (uint64_t i = 0; i < k; i++) { /* the answers of one GET, in order */
-            if (cl_recv_msg(fd, &m)) goto io_error;
-            if (m.type == CL_ERROR) break; /* the rest of this GET is not answered */
-            make_room(first + i);
-            if (recv_page(fd, &m, first + i)) goto io_error;
-            install(first + i, m.epoch, m.aux);
-            record(first + i, m.epoch);
-            map_cached(first + i);
-            ADD(from_driver, 1), ADD(prefetched_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
-        }
-    }
-    return;
-io_error:
-    reset_driver();
-}
-
-uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
-    if (!W.running || !n) return 0;
-    uint32_t E = atomic_load(&W.epoch);
-    uint64_t *missing = malloc(n * sizeof *missing), m = 0, done = 0;
-    if (!missing) return 0;
-    uint64_t limit = __atomic_load_n(&W.st.cache_limit_pages, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&W.fetch_lock);
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t p = pages[i];
-        uint32_t v, hi;
-        if (p >= W.npages || (i && p <= pages[i - 1])) continue; /* sorted and unique only */
-        mark_touched(p);
-        if (W.zero_copy && map_direct(p, E) == 0) {
-            ADD(prefetched_pages, 1), done++;
-        } else if (cached_for(p, E, &v, &hi) == 1) {
-            referenced(p);
-            record(p, v);
-            map_cached(p);
-            done++;
-        } else if (!limit || m < limit / 2) { /* never more than the cache keeps */
-            missing[m++] = p;
-        }
-    }
-    for (uint64_t i = 0; i < m; i++)
-        if (W.cver1[missing[i]]) evict(missing[i], 0); /* cached, but another version */
-    if (m) {
-        uint64_t before = W.st.prefetched_pages;
-        fetch_pipelined(missing, m, E);
-        done += W.st.prefetched_pages - before;
-    }
-    pthread_mutex_unlock(&W.fetch_lock);
-    free(missing);
-    return done;
 }
 
 /* --------------------------------------------------------- page server -- */

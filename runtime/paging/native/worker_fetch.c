@@ -1,0 +1,285 @@
+/* Fetching pages for the worker pager (worker_pager.c): from the driver's memfd on
+ * this host, from the driver over TCP (which may REDIRECT to a peer holding the page),
+ * from that peer; read-ahead after sequential faults; and prefetch of a task's known
+ * pages with many requests in flight. The callers hold fetch_lock. */
+
+#include "worker_pager.h"
+
+/* ------------------------------------------------------------ fetching -- */
+
+/* Connects to a page server: TLS first when the cluster uses it, then the token. */
+static int connect_authenticated(uint32_t ip, int port, int timeout_ms) {
+    int fd = cl_connect(ip, port, timeout_ms);
+    if (fd < 0) return -1;
+    char why[256];
+    if (W.tls && cl_tls_connect(W.tls, fd, why, sizeof why)) {
+        cl_log("worker %d: TLS handshake with %u.%u.%u.%u:%d failed: %s", W.id, ip >> 24, (ip >> 16) & 255,
+               (ip >> 8) & 255, ip & 255, port, why);
+        cl_close(fd);
+        return -1;
+    }
+    if (cl_client_handshake(fd, W.token, W.token_len, (uint32_t)W.id)) {
+        cl_close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void reset_driver(void) {
+    cl_close(W.drv_fd);
+    W.drv_fd = -1;
+}
+
+int driver(uint64_t page) {
+    for (int attempt = 0; W.drv_fd < 0; attempt++) {
+        if (attempt == 10) die(EXIT_DRIVER_UNREACHABLE, "cannot reach the driver's page server", page);
+        if (attempt) usleep(200000u * (unsigned)attempt);
+        W.drv_fd = connect_authenticated(W.drv_ip, W.drv_port, DRIVER_TIMEOUT_MS);
+    }
+    return W.drv_fd;
+}
+
+static void tell_driver(uint64_t p, uint32_t v, uint32_t source) {
+    cl_msg h = cl_make(CL_HAVE, p, v, source);
+    if (cl_send_msg(driver(p), &h, NULL)) reset_driver();
+}
+
+/* On the fault thread's own driver connection, so it stays ordered with the
+ * GETs and HAVEs for the same page. A notice lost with a broken connection
+ * only leaves a stale holder bit: a peer redirected here gets NOT_HELD and
+ * falls back to the driver. */
+void tell_dropped(uint64_t p) {
+    cl_msg h = cl_make(CL_HAVE, p, 0, 0);
+    h.flags = CL_HAVE_DROPPED;
+    if (cl_send_msg(driver(p), &h, NULL)) reset_driver();
+}
+
+static int write_cache(uint64_t p, const uint8_t *src) {
+    for (uint64_t done = 0; done < W.ps;) {
+        ssize_t n = pwrite(W.cache_fd, src + done, W.ps - done, (off_t)(p * W.ps + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        done += (uint64_t)n;
+    }
+    return 0;
+}
+
+static int recv_page(int fd, const cl_msg *m, uint64_t p) {
+    if (m->type != CL_PAGE || m->page != p || m->length != W.ps) return -1;
+    if (cl_recv_all(fd, W.buf, W.ps)) return -1;
+    if (write_cache(p, W.buf)) die(EXIT_PAGE_ERROR, "cannot write the page cache (out of memory?)", p);
+    return 0;
+}
+
+static int copy_from_driver_memfd(uint64_t p) {
+    loff_t in = (loff_t)(p * W.ps), out = in;
+    for (uint64_t left = W.ps; left;) {
+        ssize_t n = copy_file_range(W.shm_fd, &in, W.cache_fd, &out, left, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        left -= (uint64_t)n;
+    }
+    return 0;
+}
+
+static int fetch_shm(uint64_t p, uint32_t E, uint32_t *v) {
+    if (W.shm_fd < 0) return -1;
+    uint64_t s1 = atomic_load_explicit(&W.shm_state[p], memory_order_acquire);
+    if ((s1 & 1) || (s1 >> 1) == 0 || (s1 >> 1) > E) return -1;
+    if (copy_from_driver_memfd(p)) return -1;
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&W.shm_state[p], memory_order_relaxed) != s1) return -1;
+    *v = (uint32_t)(s1 >> 1);
+    return 0;
+}
+
+static int fetch_peer(uint32_t peer, uint32_t ip, uint32_t port, uint64_t p, uint32_t E,
+                      uint32_t *v, uint32_t *hi) {
+    if (peer >= CL_MAX_WORKERS || peer == (uint32_t)W.id) return -1;
+    int *fd = &W.peer_fd[peer];
+    if (*fd >= 0 && (W.peer_ip[peer] != ip || W.peer_port[peer] != port)) cl_close(*fd), *fd = -1;
+    if (*fd < 0) {
+        *fd = connect_authenticated(ip, (int)port, PEER_TIMEOUT_MS);
+        if (*fd < 0) return -1;
+        W.peer_ip[peer] = ip, W.peer_port[peer] = port;
+    }
+    cl_msg g = cl_make(CL_GET, p, E, 1), m;
+    g.flags = CL_GET_NO_REDIRECT;
+    if (cl_send_msg(*fd, &g, NULL) || cl_recv_msg(*fd, &m)) goto broken;
+    if (m.type == CL_ERROR) return -1;
+    if (recv_page(*fd, &m, p)) goto broken;
+    *v = m.epoch, *hi = m.aux;
+    return 0;
+broken:
+    cl_close(*fd), *fd = -1;
+    return -1;
+}
+
+/* Fetches the latest version <= E of page p into its cache slot. */
+void fetch(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
+    if (fetch_shm(p, E, v) == 0) {
+        *hi = CL_OPEN_ENDED;
+        ADD(from_shm, 1);
+        tell_driver(p, *v, 0);
+        return;
+    }
+    uint32_t failed = 0;
+    for (int io_errors = 0;;) {
+        int fd = driver(p);
+        cl_msg g = cl_make(CL_GET, p, E, 1), m;
+        g.flags = failed ? CL_GET_NO_REDIRECT : 0;
+        g.aux2 = failed;
+        if (cl_send_msg(fd, &g, NULL) || cl_recv_msg(fd, &m)) goto io_error;
+        if (m.type == CL_PAGE) {
+            if (recv_page(fd, &m, p)) goto io_error;
+            *v = m.epoch, *hi = m.aux;
+            ADD(from_driver, 1);
+            return;
+        }
+        if (m.type == CL_REDIRECT && !failed) {
+            ADD(redirects, 1);
+            if (fetch_peer(m.aux, m.aux2, m.flags, p, E, v, hi) == 0) {
+                ADD(from_peers, 1);
+                tell_driver(p, *v, m.aux + 1);
+                return;
+            }
+            ADD(peer_fallbacks, 1);
+            failed = m.aux + 1;
+            continue;
+        }
+        if (m.type == CL_ERROR) {
+            char why[128];
+            snprintf(why, sizeof why, "the driver refused a page at epoch %u: %s", E, cl_error_name(m.aux));
+            die(EXIT_PAGE_ERROR, why, p);
+        }
+    io_error:
+        reset_driver();
+        if (++io_errors == 5) die(EXIT_DRIVER_UNREACHABLE, "lost the connection to the driver", p);
+    }
+}
+
+/* Fetches pages [p, p + n) (none cached) in one request, after a sequential run. */
+static void read_ahead(uint64_t p, uint64_t n, uint32_t E) {
+    if (W.shm_fd >= 0) {
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t v;
+            make_room(p + i);
+            if (fetch_shm(p + i, E, &v)) return;
+            install(p + i, v, CL_OPEN_ENDED);
+            tell_driver(p + i, v, 0);
+            ADD(from_shm, 1), ADD(readahead_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
+        }
+        return;
+    }
+    int fd = driver(p);
+    cl_msg g = cl_make(CL_GET, p, E, (uint32_t)n), m;
+    g.flags = CL_GET_NO_REDIRECT;
+    if (cl_send_msg(fd, &g, NULL)) goto io_error;
+    for (uint64_t i = 0; i < n; i++) {
+        if (cl_recv_msg(fd, &m)) goto io_error;
+        if (m.type == CL_ERROR) return;
+        make_room(p + i);
+        if (recv_page(fd, &m, p + i)) goto io_error;
+        install(p + i, m.epoch, m.aux);
+        ADD(from_driver, 1), ADD(readahead_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
+    }
+    return;
+io_error:
+    reset_driver(); /* the pages not received are simply fetched on demand */
+}
+
+void maybe_read_ahead(uint64_t p, uint32_t E) {
+    if (p == W.last_missing + 1) {
+        W.run++;
+    } else {
+        W.run = 0;
+        W.ra_window = 4;
+    }
+    W.last_missing = p;
+    if (!W.readahead || W.run < 2) return;
+    uint64_t max = READAHEAD_BYTES / W.ps;
+    if (max < 1) max = 1;
+    if (max > CL_MAX_BATCH) max = CL_MAX_BATCH;
+    uint64_t limit = __atomic_load_n(&W.st.cache_limit_pages, __ATOMIC_RELAXED);
+    if (limit && max > limit / 4) max = limit / 4; /* never evicts what it just fetched */
+    uint64_t n = 0;
+    while (n < W.ra_window && n < max && p + 1 + n < W.npages && !W.cver1[p + 1 + n]) n++;
+    if (!n) return;
+    read_ahead(p + 1, n, E);
+    W.last_missing = p + n;
+    W.ra_window = W.ra_window * 2 < max ? W.ra_window * 2 : max;
+}
+
+/* ------------------------------------------------------------ prefetch -- */
+
+/* Fetches pages (sorted; none cached for E) from the driver with up to PREFETCH_WINDOW
+ * GETs in flight, consecutive pages batched into one GET, and installs them. A page the
+ * driver refuses, or that a broken connection leaves out, is fetched on its fault. */
+static void fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E) {
+    struct { uint64_t first, n; } q[PREFETCH_WINDOW];
+    uint64_t next = 0, head = 0, len = 0;
+    int fd = driver(pages[0]);
+    cl_msg m;
+    while (next < n || len) {
+        while (len < PREFETCH_WINDOW && next < n) { /* keep the window full */
+            uint64_t first = pages[next], k = 1;
+            while (next + k < n && pages[next + k] == first + k && k < CL_MAX_BATCH) k++;
+            cl_msg g = cl_make(CL_GET, first, E, (uint32_t)k);
+            g.flags = CL_GET_NO_REDIRECT;
+            if (cl_send_msg(fd, &g, NULL)) goto io_error;
+            q[(head + len) % PREFETCH_WINDOW].first = first, q[(head + len) % PREFETCH_WINDOW].n = k;
+            len++, next += k;
+            ADD(prefetch_requests, 1);
+        }
+        uint64_t first = q[head].first, k = q[head].n;
+        head = (head + 1) % PREFETCH_WINDOW, len--;
+        for (uint64_t i = 0; i < k; i++) { /* the answers of one GET, in order */
+            if (cl_recv_msg(fd, &m)) goto io_error;
+            if (m.type == CL_ERROR) break; /* the rest of this GET is not answered */
+            make_room(first + i);
+            if (recv_page(fd, &m, first + i)) goto io_error;
+            install(first + i, m.epoch, m.aux);
+            record(first + i, m.epoch);
+            map_cached(first + i);
+            ADD(from_driver, 1), ADD(prefetched_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
+        }
+    }
+    return;
+io_error:
+    reset_driver();
+}
+
+uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
+    if (!W.running || !n) return 0;
+    uint32_t E = atomic_load(&W.epoch);
+    uint64_t *missing = malloc(n * sizeof *missing), m = 0, done = 0;
+    if (!missing) return 0;
+    uint64_t limit = __atomic_load_n(&W.st.cache_limit_pages, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&W.fetch_lock);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t p = pages[i];
+        uint32_t v, hi;
+        if (p >= W.npages || (i && p <= pages[i - 1])) continue; /* sorted and unique only */
+        mark_touched(p);
+        if (W.zero_copy && map_direct(p, E) == 0) {
+            ADD(prefetched_pages, 1), done++;
+        } else if (cached_for(p, E, &v, &hi) == 1) {
+            referenced(p);
+            record(p, v);
+            map_cached(p);
+            done++;
+        } else if (!limit || m < limit / 2) { /* never more than the cache keeps */
+            missing[m++] = p;
+        }
+    }
+    for (uint64_t i = 0; i < m; i++)
+        if (W.cver1[missing[i]]) evict(missing[i], 0); /* cached, but another version */
+    if (m) {
+        uint64_t before = W.st.prefetched_pages;
+        fetch_pipelined(missing, m, E);
+        done += W.st.prefetched_pages - before;
+    }
+    pthread_mutex_unlock(&W.fetch_lock);
+    free(missing);
+    return done;
+}

@@ -1,0 +1,96 @@
+/* The worker pager's private state and the pieces its two files share: worker_pager.c
+ * (the range, the cache table, zero copy, the fault handler, the page server, the API)
+ * and worker_fetch.c (fetching pages: own host, driver, peers, read-ahead, prefetch).
+ * Not part of the API (api.h); nothing here is visible outside the native module. */
+#ifndef CLAMOR_WORKER_PAGER_H
+#define CLAMOR_WORKER_PAGER_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "clamor.h"
+#include "page_server.h"
+#include "pager_common.h"
+
+#define EXIT_DRIVER_UNREACHABLE CLAMOR_EXIT_DRIVER_UNREACHABLE
+#define EXIT_PAGE_ERROR CLAMOR_EXIT_PAGE_ERROR
+#define DRIVER_TIMEOUT_MS 60000
+#define PEER_TIMEOUT_MS 5000
+#define READAHEAD_BYTES (16u << 20)
+#define PREFETCH_WINDOW 32 /* prefetch GETs in flight on the driver connection */
+
+typedef struct {
+    int running, id;
+    uint8_t *ro;
+    uint64_t size, ps, npages;
+    int cache_fd, uffd;
+    pthread_t thread;
+    uint8_t *token;
+    size_t token_len;
+    uint32_t drv_ip;
+    int drv_port, drv_fd;
+    int shm_fd;         /* the driver's arena memfd, when on the same host */
+    const _Atomic uint64_t *shm_state;
+    uint8_t *buf;       /* one page, warm: network pages land here first */
+    int peer_fd[CL_MAX_WORKERS];
+    uint32_t peer_ip[CL_MAX_WORKERS], peer_port[CL_MAX_WORKERS];
+    int readahead;
+    uint32_t *cver1;  /* cached version + 1; 0 = not cached */
+    uint32_t *cvalid; /* last epoch the cached bytes are valid for */
+    uint32_t *readmark;
+    cl_stripes stripes;
+    _Atomic uint32_t epoch, task_seq;
+    pthread_mutex_t rs_lock;
+    uint64_t *rs_pages, rs_n, rs_cap;
+    uint32_t *rs_vers;
+    _Atomic uint64_t touched;
+    uint64_t *refbits;          /* CLOCK reference bits, one per page */
+    uint64_t hand, clock_end;   /* the hand sweeps [0, clock_end): past every page installed */
+    uint64_t last_missing, ra_window;
+    int zero_copy;            /* the range maps the driver's memfd (same host) */
+    uint8_t *private_page;    /* zero copy: 1 where the range maps the cache memfd instead */
+    uint32_t *mapped_ver1;    /* zero copy: version + 1 of the page last counted as mapped */
+    _Atomic uint64_t *mapped; /* zero copy: our bitmap of pages mapped from the driver (shared) */
+    cl_zap_slot *zap;         /* zero copy: our shoot-down slot (shared with the driver) */
+    _Atomic uint32_t *maps;   /* zero copy: per page, mappings from the driver (shared) */
+    pthread_mutex_t map_lock; /* zero copy: mapping from the driver vs. shoot-downs */
+    pthread_mutex_t fetch_lock; /* the fault handler vs. a task thread's prefetch: the driver
+                                 * connection, the cache tables, the CLOCK hand */
+    int run;
+    cl_server *server;
+    cl_tls_ctx *tls; /* NULL: plaintext page protocol */
+    clamor_worker_stats st;
+} worker_state;
+
+#define ADD(field, n) __atomic_fetch_add(&W.st.field, (n), __ATOMIC_RELAXED)
+
+#pragma GCC visibility push(hidden)
+
+extern worker_state W;
+
+int cached_for(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi);
+void die(int status, const char *why, uint64_t page);
+int evict(uint64_t p, int tell);
+void install(uint64_t p, uint32_t v, uint32_t hi);
+void make_room(uint64_t keep);
+void map_cached(uint64_t p);
+int map_direct(uint64_t p, uint32_t E);
+void mark_touched(uint64_t p);
+void record(uint64_t p, uint32_t v);
+void referenced(uint64_t p);
+void tell_dropped(uint64_t p);
+int driver(uint64_t page);
+void fetch(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi);
+void maybe_read_ahead(uint64_t p, uint32_t E);
+
+#pragma GCC visibility pop
+
+#endif
