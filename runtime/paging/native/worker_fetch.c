@@ -214,10 +214,11 @@ void maybe_read_ahead(uint64_t p, uint32_t E) {
 
 /* Fetches pages (sorted; none cached for E) from the driver with up to PREFETCH_WINDOW
  * GETs in flight, consecutive pages batched into one GET, and installs them. A page the
- * driver refuses, or that a broken connection leaves out, is fetched on its fault. */
-static void fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E) {
+ * driver refuses, or that a broken connection leaves out, is fetched on its fault.
+ * Returns how many it installed. */
+static uint64_t fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E) {
     struct { uint64_t first, n; } q[PREFETCH_WINDOW];
-    uint64_t next = 0, head = 0, len = 0;
+    uint64_t next = 0, head = 0, len = 0, got = 0;
     int fd = driver(pages[0]);
     cl_msg m;
     while (next < n || len) {
@@ -242,11 +243,13 @@ static void fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E) {
             record(first + i, m.epoch);
             map_cached(first + i);
             ADD(from_driver, 1), ADD(prefetched_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
+            got++;
         }
     }
-    return;
+    return got;
 io_error:
     reset_driver();
+    return got;
 }
 
 uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
@@ -274,11 +277,7 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
     }
     for (uint64_t i = 0; i < m; i++)
         if (W.cver1[missing[i]]) evict(missing[i], 0); /* cached, but another version */
-    if (m) {
-        uint64_t before = W.st.prefetched_pages;
-        fetch_pipelined(missing, m, E);
-        done += W.st.prefetched_pages - before;
-    }
+    if (m) done += fetch_pipelined(missing, m, E);
     pthread_mutex_unlock(&W.fetch_lock);
     free(missing);
     return done;
