@@ -36,10 +36,9 @@ from clamor.runtime.data.dataset import DatasetSources
 from clamor.runtime.errors import ClamorError, WorkerLostError
 from clamor.runtime.exitcodes import describe_exit
 from clamor.runtime.launchers.local import Launcher, LocalLauncher
-from clamor.runtime.net import shipping
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
-from clamor.runtime.net.shipping import pack_task
+from clamor.runtime.net.shipping import CallTable, pack_task
 from clamor.runtime.net.transport import (
     PROTOCOL_VERSION,
     Server,
@@ -54,7 +53,7 @@ from clamor.runtime.paging.pager import DriverPager
 from clamor.runtime.paging.paging_api import DriverPaging
 from clamor.runtime.scheduling.executor import Executor
 from clamor.runtime.scheduling.throttle import Throttle
-from clamor.runtime.stage import PartitionKey, StageSpec, TaskContext, TaskSpec
+from clamor.runtime.stage import PartitionKey, StageSpec, TaskSpec
 from clamor.runtime.storage.bulk import BulkClient, BulkServer
 from clamor.runtime.storage.partitions import decode_key
 
@@ -87,17 +86,6 @@ class _Worker:
     lost_told: threading.Event = dataclasses.field(default_factory=threading.Event)
     info: dict = dataclasses.field(default_factory=dict)  # its WorkerPaging.info()
     last_heartbeat: float = dataclasses.field(default_factory=time.monotonic)
-
-
-class _CallTable:
-    """The program of a ``run_stage``: task ``i`` runs the ``i``-th pickled call."""
-
-    def __init__(self, payloads: list[bytes]) -> None:
-        self.payloads = payloads
-
-    def __call__(self, ctx: TaskContext) -> Any:
-        fn, args, kwargs = shipping.loads(self.payloads[ctx.index])
-        return fn(*args, **kwargs)
 
 
 class _SchedulerServicer(pb_grpc.SchedulerServicer):
@@ -485,7 +473,7 @@ class Cluster(ClusterInspection, DatasetSources):
         for i, (worker_id, fn, args, *rest) in enumerate(calls):
             payloads.append(pack_task(fn, args, rest[0] if rest else None, self.page_size or None))
             tasks.append(TaskSpec(i, worker=worker_id))
-        return self.execute(StageSpec(_CallTable(payloads), tasks, epoch=epoch))
+        return self.execute(StageSpec(CallTable(payloads), tasks, epoch=epoch))
 
     # --- checkpoints ---
 
@@ -507,9 +495,12 @@ class Cluster(ClusterInspection, DatasetSources):
     @contextlib.contextmanager
     def keep_versions(self, epoch: int) -> Iterator[None]:
         """Keep the page versions epoch ``epoch`` reads while the block runs (replays,
-        checkpoints); otherwise the version log frees what no lineage needs."""
-        self._pins[epoch] += 1
+        checkpoints); otherwise the version log frees what no lineage needs. Raises
+        :class:`ClamorError` if they are gone already: the driver wrote pages after that
+        epoch's stage, when nothing pinned it."""
+        self._pins[epoch] += 1  # first: a stage ending meanwhile sees the pin
         try:
+            self._executor.retain(epoch)
             yield
         finally:
             self._pins[epoch] -= 1

@@ -60,13 +60,16 @@ class TaskSpec:
 @dataclasses.dataclass
 class StageSpec:
     """A stage: ``program(ctx)`` once per task. ``epoch``: replay at an older arena epoch;
-    ``recompute``: it rebuilds lost partitions from lineage (the timeline marks it)."""
+    ``recompute``: it rebuilds lost partitions from lineage (the timeline marks it);
+    ``keeps_lineage``: its runner records lineage of its outputs after it returns (so
+    their epoch stays readable)."""
 
     program: Callable[[TaskContext], Any]
     tasks: list[TaskSpec]
     epoch: int | None = None
     name: str = ""
     recompute: bool = False
+    keeps_lineage: bool = False
 
 
 class TaskContext:

@@ -394,7 +394,8 @@ class Job:
             lineage.check_workers(live, label, cause)
             try:
                 self._recover_inputs(tasks, live)
-                results = self.runner.execute(StageSpec(program, tasks, name=label))
+                results = self.runner.execute(StageSpec(program, tasks, name=label,
+                                                        keeps_lineage=payload is not None))
                 epoch = self.runner.last_epoch
                 read_sets = list(self.runner.last_read_sets)
                 break

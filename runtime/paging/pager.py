@@ -157,6 +157,17 @@ class DriverPager:
         """
         return int(lib.clamor_driver_trim_log(max(0, min(int(floor), 2**32 - 1))))
 
+    def release(self, epoch: int) -> None:
+        """No stage reads epochs ``<= epoch`` any more (no lineage or checkpoint pins
+        them): until the next stage the driver's writes are not copied into the version
+        log, and on Linux 6.7+ not even trapped (async write-protect, PAGEMAP_SCAN)."""
+        lib.clamor_driver_release(max(0, min(int(epoch), 2**32 - 1)))
+
+    def retain(self, epoch: int) -> bool:
+        """Epoch ``epoch`` is needed again: undo its release; ``False`` if a write since
+        kept no copy of what it replaced (that epoch's versions are gone)."""
+        return lib.clamor_driver_retain(max(0, min(int(epoch), 2**32 - 1))) == 0
+
     def stats(self) -> dict:
         """The counters; after :meth:`close`, their last values."""
         if self._final_stats is not None:
@@ -173,6 +184,7 @@ class DriverPager:
             "bytes_mapped": raw["mapped_bytes"],
             "invalidations": raw["invalidations"],
             "version_log_bytes": raw["version_log_bytes"],
+            "write_tracking": "async" if raw["async_write_tracking"] else "trap",
             "driver": raw,
         }
 

@@ -79,6 +79,16 @@ class DriverPaging(Protocol):
         """Free old page versions no stage at epoch ``floor`` or later reads; bytes freed."""
         ...
 
+    def release(self, epoch: int) -> None:
+        """No stage reads epochs ``<= epoch`` any more: until the next stage, the
+        driver's writes need no copy of the bytes they replace."""
+        ...
+
+    def retain(self, epoch: int) -> bool:
+        """Epoch ``epoch`` is needed again after a release; ``False`` if its versions
+        are gone (a write since kept no copy)."""
+        ...
+
     def stats(self) -> dict:
         """Counters merged into ``Cluster.stats()``."""
         ...
@@ -139,6 +149,12 @@ class NullDriverPaging:
 
     def trim_versions(self, floor: int) -> int:
         return 0
+
+    def release(self, epoch: int) -> None:
+        pass
+
+    def retain(self, epoch: int) -> bool:
+        return True
 
     def stats(self) -> dict:
         return {}

@@ -143,6 +143,7 @@ class Executor:
         self._min_ref_bytes = min_ref_bytes
         self._version_floor = version_floor
         self._trimmed_floor = 0
+        self._released = 0  # epochs <= it are read by no stage any more (see _release)
         self._state = SchedulerState(
             window=window, speculation=speculation, speculation_factor=speculation_factor
         )
@@ -360,11 +361,11 @@ class Executor:
         ``KeyboardInterrupt`` cancels the stage and propagates.
         """
         program = shipping.pack_program(stage.program, self._min_ref_bytes())
-        if stage.epoch is not None and stage.epoch < self._trimmed_floor:
+        if stage.epoch is not None and (stage.epoch < self._trimmed_floor or stage.epoch <= self._released):
             raise ClamorError(
                 f"cannot replay epoch {stage.epoch}: its page versions were freed (the "
-                f"version log keeps epochs >= {self._trimmed_floor}, and the ones pinned "
-                "by keep_versions or by lineage)"
+                f"version log keeps epochs >= {max(self._trimmed_floor, self._released + 1)}, "
+                "and the ones pinned by keep_versions or by lineage)"
             )
         with self._stage_lock:
             self._poll()
@@ -388,6 +389,7 @@ class Executor:
                     self._stages.pop(stage_id, None)
             finally:
                 self._paging.end_stage()
+                self._release(stage, epoch)
         self.last_read_sets = [list(r.read_set) for r in results]
         self.last_epoch = run.epoch
         values = [self._value(r) for r in results]
@@ -425,6 +427,27 @@ class Executor:
             error.__cause__ = interrupt
             self._post(lambda s: s.stage_cancelled(stage_id, error))
             raise
+
+    def _release(self, stage: StageSpec, epoch: int) -> None:
+        """After a stage at ``epoch``: if nothing will read that epoch again (no lineage
+        or checkpoint pins it, and this stage's outputs keep none), the driver's writes
+        until the next stage need no copy of the old bytes (the parameter server's update).
+        A replay at ``epoch`` is refused from then on."""
+        if stage.epoch is None and not stage.keeps_lineage and self._version_floor(epoch + 1) > epoch:
+            self._paging.release(epoch)
+            self._released = epoch
+
+    def retain(self, epoch: int) -> None:
+        """Epoch ``epoch`` will be read again (``Cluster.keep_versions``): undo its
+        release, or raise if the driver wrote since without keeping the old bytes."""
+        if epoch <= self._released:
+            if not self._paging.retain(epoch):
+                raise ClamorError(
+                    f"cannot keep the page versions of epoch {epoch}: nothing pinned them when "
+                    "its stage ended, and the driver has written arena pages since without "
+                    "keeping the old bytes (pin an epoch with keep_versions before writing)"
+                )
+            self._released = epoch - 1
 
     def _trim_versions(self, epoch: int, barrier_sent: bool, live: Callable[[], list[int]]) -> None:
         """Free the page versions no stage from here on reads (bounded version log).

@@ -84,6 +84,10 @@ typedef struct {
     uint64_t shootdowns;        /* same-host workers told to unmap a page before a write */
     uint64_t stopped_continued; /* stopped workers continued (SIGCONT) so they could unmap */
     uint64_t mapped_bytes;      /* page versions same-host workers mapped in place (zero copy), in bytes */
+    uint64_t async_write_tracking; /* 1: writes no stage needs the old bytes of go untrapped (Linux 6.7+) */
+    uint64_t async_switches;    /* arena chunks moved to async write tracking */
+    uint64_t uncopied_writes;   /* trapped first writes that needed no copy (no async tracking) */
+    uint64_t pages_written;     /* pages found written with no copy, at stage starts */
 } clamor_driver_stats;
 
 int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_len,
@@ -97,6 +101,12 @@ void clamor_driver_stop(void);
 uint32_t clamor_driver_begin_stage(void);
 uint64_t clamor_driver_invalidated(uint64_t *out, uint64_t cap);
 void clamor_driver_end_stage(void);
+/* No stage reads epochs <= epoch any more: the driver's writes need no old copies
+ * until the next stage (and go untrapped where the kernel has async write-protect). */
+void clamor_driver_release(uint32_t epoch);
+/* Epoch `epoch` is needed again: 0 if its versions are all still there (the release
+ * is undone), -1 if a write since kept no copy. */
+int clamor_driver_retain(uint32_t epoch);
 int clamor_driver_set_peer(int worker_id, const char *host, int port);
 void clamor_driver_drop_worker(int worker_id);
 void clamor_driver_get_stats(clamor_driver_stats *out);

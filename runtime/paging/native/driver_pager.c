@@ -38,10 +38,12 @@
 #include "clamor.h"
 #include "page_server.h"
 #include "pager_common.h"
+#include "write_tracking.h"
 
 #define FL_PROTECTED 1
 #define STOPPED_WAIT_MS 100
 #define FL_DIRTY 2
+#define FL_WRITTEN 4 /* written while no old version was needed (no copy, maybe no trap) */
 #define UFFD_FEATURE_WP_UNPOPULATED_ (1 << 13) /* newer than the build headers */
 
 typedef struct logent {
@@ -71,6 +73,9 @@ static struct {
     pthread_mutex_t stage; /* serialises begin_stage with the write handler */
     _Atomic uint32_t epoch;
     _Atomic uint32_t floor; /* epochs below it are no longer served: their versions were freed */
+    _Atomic uint32_t released; /* no stage reads epochs <= it any more: writes need no copy */
+    int wrote_uncopied;        /* since the last release: a write that kept no old bytes */
+    cl_wtrack *wt;             /* async write tracking; NULL where the kernel lacks it */
     uint64_t *inval, ninval, inval_cap;
     int replication;
     peer peers[CL_MAX_WORKERS];
@@ -172,13 +177,59 @@ static void shoot_down(uint64_t p) {
     }
 }
 
+/* Pages [0, hw) hold everything the arena ever handed out. */
+static uint64_t high_water_pages(void) {
+    clamor_arena_stats as;
+    clamor_arena_get_stats(&as);
+    uint64_t hw = (as.high_water + D.ps - 1) / D.ps;
+    return hw > D.npages ? D.npages : hw;
+}
+
+/* The async tracker's finds: pages written with no trap (or touched mid-switch). */
+static void mark_written(uint64_t first, uint64_t n) {
+    for (uint64_t p = first; p < first + n && p < D.npages; p++) {
+        pthread_mutex_t *m = cl_stripe(&D.stripes, p);
+        pthread_mutex_lock(m);
+        D.flags[p] |= FL_WRITTEN;
+        pthread_mutex_unlock(m);
+    }
+}
+
+/* No stage is running and none will read the current epoch again (Python said so with
+ * clamor_driver_release): a write needs no copy of the old bytes. Stage lock held. */
+static int no_version_needed(void) {
+    return !__atomic_load_n(&D.st.stage_running, __ATOMIC_ACQUIRE) && atomic_load(&D.released) >= atomic_load(&D.epoch);
+}
+
+/* The first write to a protected page since its version was sealed. Needed old bytes
+ * are copied into the version log first; otherwise the page's chunk of the arena goes
+ * over to async tracking (no more traps there until the next stage), or, where the
+ * kernel lacks it, the page is just unprotected. */
 static void on_write_fault(uint64_t addr) {
     uint64_t p = (addr - (uint64_t)(uintptr_t)D.base) / D.ps;
     if (p >= D.npages) return;
     pthread_mutex_lock(&D.stage);
     pthread_mutex_t *m = cl_stripe(&D.stripes, p);
+    if (D.wt && cl_wtrack_is_async(D.wt, cl_wtrack_chunk_of(D.wt, p))) {
+        mark_written(p, 1); /* a trap from before the switch, whose unregister woke the writer */
+        pthread_mutex_unlock(&D.stage);
+        return;
+    }
     pthread_mutex_lock(m);
-    if ((D.flags[p] & FL_PROTECTED) && !(D.flags[p] & FL_DIRTY)) {
+    int fresh = (D.flags[p] & FL_PROTECTED) && !(D.flags[p] & FL_DIRTY);
+    if (fresh && no_version_needed()) {
+        D.wrote_uncopied = 1;
+        pthread_mutex_unlock(m);
+        if (D.wt && cl_wtrack_to_async(D.wt, cl_wtrack_chunk_of(D.wt, p), high_water_pages(), mark_written) == 0) {
+            ADD(async_switches, 1);
+            mark_written(p, 1);
+            pthread_mutex_unlock(&D.stage);
+            return;
+        }
+        pthread_mutex_lock(m);
+        D.flags[p] |= FL_WRITTEN;
+        ADD(uncopied_writes, 1);
+    } else if (fresh) {
         logent *e = malloc(sizeof *e + D.ps);
         if (!e) {
             cl_log("out of memory copying page %llu into the version log", (unsigned long long)p);
@@ -221,13 +272,27 @@ static void *wp_main(void *arg) {
     return NULL;
 }
 
+/* Chunks under async tracking go back to traps; what was written in them, and every
+ * page unprotected before, is marked written. Their pages below hw are protected now. */
+static void end_async_tracking(uint64_t hw) {
+    if (!D.wt) return;
+    for (uint64_t c = 0; c < cl_wtrack_chunks(D.wt); c++) {
+        if (!cl_wtrack_is_async(D.wt, c)) continue;
+        cl_wtrack_to_sync(D.wt, c, hw, mark_written);
+        for (uint64_t p = cl_wtrack_first_page(D.wt, c); p < hw && cl_wtrack_chunk_of(D.wt, p) == c; p++) {
+            if (!(D.flags[p] & FL_PROTECTED)) D.flags[p] |= FL_WRITTEN;
+            D.flags[p] |= FL_PROTECTED;
+        }
+    }
+}
+
+static int written(uint64_t p) { return !(D.flags[p] & FL_PROTECTED) || (D.flags[p] & FL_WRITTEN); }
+
 static uint32_t begin_stage(void) {
     pthread_mutex_lock(&D.stage);
-    clamor_arena_stats as;
-    clamor_arena_get_stats(&as);
-    uint64_t hw = (as.high_water + D.ps - 1) / D.ps;
-    if (hw > D.npages) hw = D.npages;
+    uint64_t hw = high_water_pages();
     uint32_t E = atomic_load(&D.epoch) + 1;
+    end_async_tracking(hw);
     /* Protect first, so no write can slip between sealing and protecting. */
     for (uint64_t p = 0; p < hw;) {
         if (D.flags[p] & FL_PROTECTED) { p++; continue; }
@@ -238,9 +303,10 @@ static uint32_t begin_stage(void) {
     }
     D.ninval = 0;
     for (uint64_t p = 0; p < hw; p++) {
-        if (D.flags[p] & FL_PROTECTED) continue;
+        if (!written(p)) continue;
         pthread_mutex_t *m = cl_stripe(&D.stripes, p);
         pthread_mutex_lock(m);
+        if (D.flags[p] & FL_WRITTEN) ADD(pages_written, 1);
         if ((D.flags[p] & FL_DIRTY) && D.log[p]) D.log[p]->valid_until = E - 1;
         if (D.holders[p]) {
             if (D.ninval == D.inval_cap) {
@@ -279,6 +345,37 @@ uint64_t clamor_driver_invalidated(uint64_t *out, uint64_t cap) {
 }
 
 void clamor_driver_end_stage(void) { __atomic_store_n(&D.st.stage_running, 0, __ATOMIC_RELEASE); }
+
+/* No stage will read epochs <= E any more (lineage and checkpoints need none of them;
+ * attempts still running from E are discarded): until the next stage, the driver's
+ * writes need no copy of the old bytes, and go untrapped where the kernel can. */
+void clamor_driver_release(uint32_t E) {
+    API_READ();
+    if (D.running) {
+        pthread_mutex_lock(&D.stage);
+        if (E > atomic_load(&D.released)) {
+            atomic_store(&D.released, E);
+            D.wrote_uncopied = 0;
+        }
+        pthread_mutex_unlock(&D.stage);
+    }
+    API_DONE();
+}
+
+/* Epoch E is needed again after all (Cluster.keep_versions): undoes a release of it
+ * if no write since went without a copy. 0: its versions are all there; -1: gone. */
+int clamor_driver_retain(uint32_t E) {
+    API_READ();
+    int rc = -1;
+    if (D.running) {
+        pthread_mutex_lock(&D.stage);
+        if (E > atomic_load(&D.released)) rc = 0;
+        else if (!D.wrote_uncopied) atomic_store(&D.released, E ? E - 1 : 0), rc = 0;
+        pthread_mutex_unlock(&D.stage);
+    }
+    API_DONE();
+    return rc;
+}
 
 /* Frees the log entries no epoch >= floor can read. Walking a page's log newest
  * first: a dirty page's head (its sealed current version) is kept; then every
@@ -442,6 +539,7 @@ static void free_tables(void) {
     if (D.state_fd >= 0) close(D.state_fd);
     if (D.zap) munmap(D.zap, cl_zap_area_bytes(D.npages));
     if (D.zap_fd >= 0) close(D.zap_fd);
+    cl_wtrack_free(D.wt); /* before the sync userfaultfd: it may hold chunks */
     if (D.uffd >= 0) close(D.uffd); /* also lifts every write protection */
     if (D.stop_efd >= 0) close(D.stop_efd);
     cl_tls_free(D.tls);
@@ -509,6 +607,10 @@ static int start(uint64_t page_size, const uint8_t *token, size_t token_len, con
         free_tables();
         return -1;
     }
+    char why[256];
+    const char *mode = getenv("CLAMOR_WRITE_TRACKING"); /* "trap": never async (tests, doubts) */
+    D.wt = mode && !strcmp(mode, "trap") ? NULL : cl_wtrack_new(D.uffd, D.base, D.ps, D.npages, why, sizeof why);
+    D.st.async_write_tracking = D.wt != NULL;
     D.stop_efd = eventfd(0, EFD_CLOEXEC);
     if (pthread_create(&D.wp_thread, NULL, wp_main, NULL)) {
         free_tables();

@@ -58,6 +58,11 @@ def start_and_wait_until_mapped(cluster, x: np.ndarray, stage: threading.Thread)
     wait_for(lambda: cluster.page_stats(x)["requests"][0] > maps, what="a worker maps the page")
 
 
+def process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def read_twice(a: np.ndarray) -> tuple[float, float]:
     first = float(a[5])  # the page is mapped from now on
     time.sleep(1.5)
@@ -119,6 +124,7 @@ def test_a_stopped_worker_is_continued_so_the_write_goes_through(cluster):
     stage = threading.Thread(target=lambda: result.append(cluster.run(read_twice, x, worker=worker)))
     start_and_wait_until_mapped(cluster, x, stage)
     os.kill(pid, signal.SIGSTOP)  # a debugger, or Cluster.slow_worker's throttle
+    wait_for(lambda: process_state(pid) == "T", what="the worker is stopped")  # the signal is asynchronous
     try:
         t0 = time.monotonic()
         x[5] = 2.0  # waits for the worker to unmap the page; the driver continues it
