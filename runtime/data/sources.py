@@ -13,9 +13,8 @@ import glob as _glob
 import logging
 import math
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import fsspec
 import numpy as np
 from clamor.runtime.data.ops import bounds
 from clamor.runtime.data.plan import Source, new_node_id
@@ -23,6 +22,9 @@ from clamor.runtime.net import shipping
 from clamor.runtime.paging import arena
 from clamor.runtime.paging.pager import prefetch
 from clamor.runtime.stage import StageRunner, TaskContext
+
+if TYPE_CHECKING:  # imported where files are listed: a worker that reads none never loads it
+    import fsspec
 
 logger = logging.getLogger("clamor.dataset")
 
@@ -139,6 +141,8 @@ def range_source(runner: StageRunner, whole: range, partitions: int | None = Non
 def _expand(url: str | list[str]) -> tuple[fsspec.AbstractFileSystem, list[str], list[int]]:
     """The file system, the files ``url`` names (a file, a directory, a glob, or a list
     of them; sorted) and their sizes. ``FileNotFoundError`` naming ``url`` if none exist."""
+    import fsspec.core
+
     urls = [url] if isinstance(url, str) else list(url)
     if not urls:
         raise ValueError("no file given")

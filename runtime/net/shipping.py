@@ -26,7 +26,7 @@ import pickle
 import traceback
 import types
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cloudpickle
 import numpy as np
@@ -34,6 +34,9 @@ from clamor.runtime.errors import RemoteTraceback, SerializationError, TaskError
 from clamor.runtime.net.transport import MAX_MESSAGE_BYTES
 from clamor.runtime.paging import arena
 from clamor.runtime.paging.pager import worker_pager
+
+if TYPE_CHECKING:
+    from clamor.runtime.stage import TaskContext
 
 
 class ArenaRef(NamedTuple):
@@ -141,6 +144,19 @@ def pack_program(program: object, min_ref_bytes: int | None = None) -> bytes:
             f"({type(exc).__name__}: {exc})"
         ) from exc
     return check_payload_size(data, "the stage's program")
+
+
+class CallTable:
+    """The program of ``Cluster.run_stage``: task ``i`` runs the ``i``-th call packed by
+    :func:`pack_task`. It lives here rather than with the cluster so that a worker that
+    unpickles it imports none of the driver's modules (scheduler, datasets, launchers)."""
+
+    def __init__(self, payloads: list[bytes]) -> None:
+        self.payloads = payloads
+
+    def __call__(self, ctx: TaskContext) -> Any:
+        fn, args, kwargs = loads(self.payloads[ctx.index])
+        return fn(*args, **kwargs)
 
 
 def _picklable(obj: object) -> bool:
