@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from clamor.runtime.errors import require_extra
+
+# Enabled by a config file that even `pip install clamor-jupyter` (no extras) installs:
+# a jupyter-server there logs this instead of a bare ModuleNotFoundError.
+require_extra("the jupyter-server extension (clamor.extension)", ("jupyter_server", "bokeh"))
+
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
     """How jupyter-server finds the extension app (``jupyter server extension list``)."""

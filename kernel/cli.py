@@ -22,7 +22,12 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from clamor.runtime.errors import MissingExtraError
+
+try:
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+except ImportError as exc:  # `pip install clamor-jupyter` alone: the runtime, no kernel
+    raise MissingExtraError.of("the `clamor` command (the Jupyter kernelspec)", exc) from exc
 
 __all__ = ["DEFAULT_NAME", "enable_server_extension", "install", "is_installed", "kernel_argv",
            "main", "uninstall"]  # fmt: skip

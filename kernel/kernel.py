@@ -22,9 +22,14 @@ from typing import Any
 
 from clamor.kernel import arena_default, registration, session
 from clamor.kernel.lazy import LazyCluster
+from clamor.runtime.errors import MissingExtraError
 from clamor.runtime.paging import arena
-from ipykernel.ipkernel import IPythonKernel
-from traitlets import Integer
+
+try:
+    from ipykernel.ipkernel import IPythonKernel
+    from traitlets import Integer
+except ImportError as exc:  # `pip install clamor-jupyter` alone: the runtime, no kernel
+    raise MissingExtraError.of("the Clamor kernel", exc) from exc
 
 import clamor
 

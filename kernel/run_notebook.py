@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from clamor.kernel.cli import DEFAULT_NAME
+from clamor.runtime.errors import MissingExtraError
 
 __all__ = ["cell_text", "main", "run"]
 
@@ -51,8 +52,11 @@ def run(
     and text output as it finishes. Raises nbclient's ``CellExecutionError`` on
     the first cell that fails.
     """
-    import nbformat
-    from nbclient import NotebookClient
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+    except ImportError as exc:
+        raise MissingExtraError.of("running a notebook", exc) from exc
 
     path = Path(path)
     nb = nbformat.read(path, as_version=4)

@@ -66,3 +66,55 @@ class MissingPartitionError(ClamorError):
 
     def __reduce__(self):
         return (type(self), (self.keys,))
+
+
+# --- optional parts (pyproject.toml's extras) ---------------------------------------
+
+
+class MissingExtraError(ClamorError, ImportError):
+    """A part of Clamor whose packages come with an extra was used without them.
+
+    ``pip install clamor-jupyter`` is the runtime alone (what a worker host needs); the
+    kernel, the magics, the live views and the jupyter-server extension need the
+    ``[jupyter]`` extra, :class:`~clamor.runtime.launchers.dask.DaskLauncher` ``[dask]``.
+    """
+
+    def __init__(self, what: str, missing: str | list[str], extra: str = "jupyter") -> None:
+        names = [missing] if isinstance(missing, str) else list(missing)
+        verb = "is" if len(names) == 1 else "are"
+        super().__init__(f"{what} needs {', '.join(names)}, which {verb} not installed here: "
+                         f'pip install "clamor-jupyter[{extra}]"', name=names[0])  # fmt: skip
+        self.what = what
+        self.missing = names
+        self.extra = extra
+
+    def __reduce__(self):
+        return (type(self), (self.what, self.missing, self.extra))
+
+    @classmethod
+    def of(cls, what: str, exc: ImportError, extra: str = "jupyter") -> "MissingExtraError":
+        """The error for ``exc``, an ``ImportError`` of one of the extra's packages."""
+        return cls(what, exc.name or str(exc), extra)
+
+
+def require_extra(what: str, modules: tuple[str, ...], extra: str = "jupyter") -> None:
+    """Raise :class:`MissingExtraError` naming the ``modules`` (top-level names) that
+    cannot be imported here; ``what`` is the part that needs them."""
+    import importlib.util
+
+    missing = []
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a finder refused it, or a broken half-import
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise MissingExtraError(what, missing, extra)
+
+
+#: What the kernel and the magics import (the ``[jupyter]`` extra).
+KERNEL_PACKAGES = ("IPython", "ipykernel", "jupyter_client", "traitlets")
+#: What the live views (``clamor.widgets``) import (the ``[jupyter]`` extra).
+VIEW_PACKAGES = ("bokeh", "jupyter_bokeh", "ipywidgets", "matplotlib")

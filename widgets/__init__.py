@@ -20,8 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from clamor.runtime.errors import VIEW_PACKAGES, require_extra
 from clamor.runtime.paging import arena, arena_names
 from clamor.widgets.live import LiveView, close_all
+
+# The views draw with these (imported where used); without them, say which extra has them.
+require_extra("the live views (clamor.widgets)", VIEW_PACKAGES)
 
 __all__ = ["LiveView", "close_all", "dashboard", "heatmap", "lineage", "replication", "timeline"]
 

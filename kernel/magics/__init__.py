@@ -16,9 +16,13 @@ _loaded: set[int] = set()
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register the magics and their tab completion in ``ipython``, and the live views
-    (``clamor.widgets``) with them when their packages are installed (idempotent)."""
+    (``clamor.widgets``) with them when their packages are installed (idempotent).
+    Without IPython: :class:`~clamor.runtime.errors.MissingExtraError` (the ``[jupyter]`` extra)."""
     import logging
 
+    from clamor.runtime.errors import require_extra
+
+    require_extra("the %clamor magics", ("IPython",))
     from clamor.kernel.magics.completion import register
     from clamor.kernel.magics.magics import ClamorMagics
     from clamor.kernel.magics.views import load_views

@@ -41,6 +41,7 @@ import time
 from typing import Any
 
 from clamor.runtime.credentials import Credentials
+from clamor.runtime.errors import MissingExtraError
 from clamor.runtime.exitcodes import EXIT_SETUP_FAILED
 from clamor.runtime.launchers.local import Launcher, worker_command
 
@@ -218,7 +219,10 @@ class DaskLauncher(Launcher):
         host: str | None = None,
     ) -> None:
         super().__init__()
-        import distributed
+        try:
+            import distributed
+        except ImportError as exc:
+            raise MissingExtraError.of("DaskLauncher", exc, extra="dask") from exc
 
         self._own_client = isinstance(client, str)
         self.client: distributed.Client = (
