@@ -362,6 +362,26 @@ def worker_pager() -> WorkerPager | None:
     return _worker_pager
 
 
+def _rows(n: int, index: Any) -> np.ndarray:
+    """The rows of an axis of length ``n`` that ``index`` selects, without building an
+    ``arange(n)`` (a 10^8-row weight vector would cost 800 MB per call)."""
+    if isinstance(index, slice):
+        return np.arange(*index.indices(n))
+    if isinstance(index, range):
+        index = np.arange(index.start, index.stop, index.step)
+    idx = np.asarray(index)
+    if idx.dtype == bool:
+        if idx.shape != (n,):
+            raise IndexError(f"boolean index of shape {idx.shape} does not match an axis of length {n}")
+        return np.flatnonzero(idx)
+    if idx.dtype.kind not in "iu":
+        raise IndexError(f"prefetch indices must be integers, a slice or a boolean mask, not {idx.dtype}")
+    idx = idx.ravel().astype(np.int64, copy=False)
+    if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):
+        raise IndexError(f"index out of bounds for an axis of length {n}")
+    return np.where(idx < 0, idx + n, idx)
+
+
 def prefetch(array: np.ndarray, index: Any = None) -> int:
     """Bring in the arena pages that ``array[index]`` reads (all of ``array`` without an
     index) now, as one pipelined stream, instead of one page fault per page.
@@ -387,7 +407,7 @@ def prefetch(array: np.ndarray, index: Any = None) -> int:
         high = sum(max(0, (n - 1) * st) for n, st in zip(array.shape, array.strides)) + array.itemsize
         first, last = (start + low) // ps, (start + high - 1) // ps
         return pager.prefetch(np.arange(first, last + 1, dtype=np.uint64))
-    rows = np.arange(array.shape[0])[index].ravel()
+    rows = _rows(array.shape[0], index)
     if rows.size == 0:
         return 0
     row_bytes = max(1, array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64)))
