@@ -289,16 +289,20 @@ class Cluster(ClusterInspection, DatasetSources):
             local = worker_id is not None and self._launcher.observes(worker_id)
             if worker_id is None:
                 worker_id, self._next_id = self._next_id, self._next_id + 1
+        paging = self._paging.worker_config(worker_id, request.host)
+        if "shm_zap_path" in paging:  # maps the driver's pages in place: a small page cache
+            self.budgets.zero_copy.add(worker_id)
         budget = self.budgets.of(worker_id)
         config = {
             "worker_id": worker_id,
             "protocol": PROTOCOL_VERSION,
             "memory_budget": budget.total,
+            "zero_copy": budget.zero_copy,
             "page_cache_bytes": budget.page_cache,
             "spill": self.spill,
             "spill_dir": self._spill_dir,
+            **paging,
         }
-        config.update(self._paging.worker_config(worker_id, request.host))
         channel = connect(request.address, self._token, tls=self._credentials.tls)
         worker = _Worker(
             worker_id,

@@ -11,9 +11,9 @@ re-reads it for T passes; a pass is one cheap gradient-style reduction per parti
 (the partition as a 16-column matrix times a fixed 16-vector, summed), collected on the
 driver. P = 500, T = 50 (``--quick``: P = 100, T = 10), 2 workers.
 
-Budgets, with D = P MiB of data: ``worker_memory={0: D/2, 1: 3D/2}``. Half of a
-worker's memory is its page cache (``clamor.runtime.paging.memory.PAGE_CACHE_SHARE``), so
-worker 0 may keep D/4 of partitions and worker 1 3D/4. They are asymmetric on
+Budgets, with D = P MiB of data: worker 0 may keep D/4 of partitions and worker 1 3D/4
+(``worker_memory`` is that over the partitions' share of a zero-copy worker's budget,
+``1 - clamor.runtime.paging.memory.ZERO_COPY_CACHE_SHARE``). They are asymmetric on
 purpose: the build splits the partitions about evenly between the two workers, so
 with both budgets at D/2 nothing would spill at all. R3S's point is using a peer's
 spare memory: worker 0 holds only half of its share and must spill about a quarter
@@ -122,8 +122,15 @@ def _maxrss() -> int:
 
 def budgets(mode: str, partitions: int) -> dict[int, int]:
     """``worker_memory`` of a mode (see the module docstring)."""
+    from clamor.runtime.paging.memory import ZERO_COPY_CACHE_SHARE
+
+    def total(kept_bytes: int) -> int:  # the budget whose partition share is kept_bytes
+        return math.ceil(kept_bytes / (1 - ZERO_COPY_CACHE_SHARE))
+
     d = partitions * MiB
-    return {0: d // 2, 1: 3 * d // 2} if mode in ("peer", "disk") else {0: 3 * d // 2, 1: 3 * d // 2}
+    if mode in ("peer", "disk"):
+        return {0: total(d // 4), 1: total(3 * d // 4)}
+    return {0: total(3 * d // 4), 1: total(3 * d // 4)}
 
 
 def kept(mode: str, partitions: int) -> int:

@@ -6,6 +6,13 @@ partitions it keeps (the partition store spills beyond it: to the peer with
 the most free memory, then to local disk). Fixed shares keep the worker's
 memory predictable: it stays within the budget plus the process's own
 overhead, whatever mix of pages and partitions a job uses.
+
+The split depends on how the worker reads the arena. On the driver's host it maps
+the driver's pages in place (zero copy): N workers share one copy, and its page
+cache holds only private copies of old versions (pages the driver wrote during a
+stage), so that share is small. Elsewhere (or with ``transport="shm-copy"``) every
+page it reads is a copy in its cache, which then gets most of the budget, so that a
+table that fits is not evicted and fetched again every pass.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ from collections.abc import Mapping
 import psutil
 from clamor.runtime.paging.arena import Size, format_bytes, to_bytes
 
-#: The page cache's share of a worker's budget; the rest is for partitions.
-PAGE_CACHE_SHARE = 0.5
+#: The page cache's share of the budget of a worker that copies the pages it reads.
+COPYING_CACHE_SHARE = 0.75
+#: ... and of one that maps them in place (zero copy): private old versions only.
+ZERO_COPY_CACHE_SHARE = 0.125
 #: Of the host's memory, what the default budgets of its local workers add up to
 #: (the rest is for the driver, the kernel and the system).
 HOST_SHARE = 0.75
@@ -25,16 +34,16 @@ HOST_SHARE = 0.75
 SPILL_POLICIES = ("peer", "disk")
 
 
-
 @dataclasses.dataclass(frozen=True)
 class WorkerBudget:
     """A worker's memory budget in bytes and its two shares."""
 
     total: int
+    zero_copy: bool = False
 
     @property
     def page_cache(self) -> int:
-        return int(self.total * PAGE_CACHE_SHARE)
+        return int(self.total * (ZERO_COPY_CACHE_SHARE if self.zero_copy else COPYING_CACHE_SHARE))
 
     @property
     def partitions(self) -> int:
@@ -71,6 +80,7 @@ class Budgets:
     def __init__(self, worker_memory: Size | Mapping[int, Size] | None, local_workers: int) -> None:
         self.default = fair_share(local_workers)
         self.per_worker: dict[int, int] = {}
+        self.zero_copy: set[int] = set()  # workers that map the driver's pages in place
         if isinstance(worker_memory, Mapping):
             for worker, size in worker_memory.items():
                 if isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
@@ -80,7 +90,7 @@ class Budgets:
             self.default = to_bytes(worker_memory, "worker_memory")
 
     def of(self, worker: int) -> WorkerBudget:
-        return WorkerBudget(self.per_worker.get(worker, self.default))
+        return WorkerBudget(self.per_worker.get(worker, self.default), worker in self.zero_copy)
 
     def free(self, held: Mapping[int, int], exclude: int, at_least: int) -> list[tuple[int, int]]:
         """R3S's spill targets: ``(worker, free partition memory)`` of the workers in ``held``

@@ -69,7 +69,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
     def __init__(self) -> None:
         self.executor: WorkerExecutor | None = None
         self.store: PartitionStore = PartitionStore()  # replaced by a SpillingStore once configured
-        self.memory_budget = 0
+        self.budget = WorkerBudget(0)
         self.bulk: BulkServer | None = None
         self.shutdown_requested = threading.Event()
 
@@ -125,7 +125,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             "partitions": len(self.store),
             "rss_bytes": psutil.Process().memory_info().rss,
             "partitions_served_bulk": self.bulk.served if self.bulk else 0,
-            **WorkerBudget(self.memory_budget).as_dict(),
+            **self.budget.as_dict(),
         }
         stats.update(self.store.stats())
         stats.update(executor.inputs_read)
@@ -221,11 +221,16 @@ def _watchdog(scheduler, worker_id: int, parent_pid: int | None) -> None:
             _die(EXIT_DRIVER_REFUSED, f"the driver no longer knows worker {worker_id}")
 
 
+def budget_of(config: dict) -> WorkerBudget:
+    """This worker's budget, split as the driver split it (see runtime/paging/memory.py)."""
+    return WorkerBudget(int(config.get("memory_budget", 0)), bool(config.get("zero_copy", False)))
+
+
 def _spilling_store(
     worker_id: int, config: dict, scheduler: pb_grpc.SchedulerStub, servicer: WorkerServicer
 ) -> SpillingStore:
     """The partition store within this worker's partition budget (DESIGN 5, R3S)."""
-    budget = WorkerBudget(int(config.get("memory_budget", 0))).partitions
+    budget = budget_of(config).partitions
 
     def find_peers(nbytes: int) -> list[tuple[int, str]]:
         try:
@@ -328,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             EXIT_SETUP_FAILED,
             f"worker {worker_id}: paging set-up failed: {type(exc).__name__}: {exc}",
         )
-    servicer.memory_budget = int(config.get("memory_budget", 0))
+    servicer.budget = budget_of(config)
     servicer.store = _spilling_store(worker_id, config, scheduler, servicer)
     servicer.executor = WorkerExecutor(worker_id, paging, scheduler, credentials, servicer.store)
     if not tls:  # partitions to peers over plain TCP (runtime/storage/bulk.py); with TLS, gRPC only

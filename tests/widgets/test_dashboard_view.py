@@ -45,8 +45,9 @@ def test_nothing_is_said_of_memory_before_anything_is_cached_or_kept():
 
 
 def test_a_real_clusters_snapshot_shows_what_each_worker_keeps_caches_and_spilled():
-    # shm-copy: pages land in the workers' caches (zero copy would cache nothing)
-    with clamor.Cluster(workers=2, worker_memory={0: 8 * MiB, 1: 24 * MiB}, spill="disk",
+    # shm-copy: pages land in the workers' caches (zero copy would cache nothing); a
+    # copying worker's partitions get a quarter of its budget: 4 MiB for worker 0
+    with clamor.Cluster(workers=2, worker_memory={0: 16 * MiB, 1: 48 * MiB}, spill="disk",
                         transport="shm-copy") as cluster:
         x = clamor.array(4 * MiB // 8, np.float64)
         x[:] = 1.0

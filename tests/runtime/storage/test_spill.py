@@ -1,7 +1,7 @@
 """Persisted partitions beyond a worker's budget (DESIGN 5, R3S), on a real cluster.
 
-Each worker's ``worker_memory`` is half for cached arena pages and half for the
-partitions it keeps. Beyond that, partitions spill: to the peer with the most free
+Each worker's ``worker_memory`` is split between cached arena pages and the partitions
+it keeps (on the driver's host, where pages are mapped in place, the cache gets 1/8). Beyond that, partitions spill: to the peer with the most free
 memory while one has room, then to the worker's own disk (``spill="peer"``, the
 default), or only to disk (``spill="disk"``). Tasks read them back without noticing; ``cluster.partitions()`` and
 the worker stats say where each one lives.
@@ -17,12 +17,21 @@ import time
 import numpy as np
 import pytest
 from clamor.runtime.data import plan
+from clamor.runtime.paging.memory import ZERO_COPY_CACHE_SHARE
 
 import clamor
 
 MiB = 1 << 20
+
+
+def room_for(mib: int) -> int:
+    """A budget whose partition share holds ``mib`` MiB (and not a byte less); these
+    clusters are local, so the page cache's share is the zero-copy one."""
+    return int(mib * MiB / (1 - ZERO_COPY_CACHE_SHARE)) + 8
+
+
 #: Budgets giving worker 0 room for 4 partitions of 1 MiB and worker 1 for 12.
-BUDGETS = {0: 8 * MiB, 1: 24 * MiB}
+BUDGETS = {0: room_for(4), 1: room_for(12)}
 
 
 def one_mib(r) -> np.ndarray:
@@ -63,7 +72,7 @@ def test_partitions_over_a_budget_spill_to_the_peer_while_it_has_room_then_to_di
     with clamor.Cluster(workers=2, worker_memory=BUDGETS) as cluster:
         a = persist_block(cluster, 0)
         assert {tier for _, tier in where(cluster, a)} == {"memory"}
-        assert stats(cluster)[0]["partition_budget"] == 4 * MiB
+        assert 4 * MiB <= stats(cluster)[0]["partition_budget"] < 4 * MiB + 64
 
         b = persist_block(cluster, 8)  # worker 0 now keeps 8 MiB: 4 go to worker 1's memory
         s = stats(cluster)
@@ -142,6 +151,19 @@ def test_the_default_budget_is_a_fair_share_of_this_hosts_memory():
         assert s[0]["partition_budget"] + s[0]["page_cache_budget"] == share
 
 
+def test_a_worker_that_maps_pages_in_place_gives_its_budget_to_partitions():
+    """On the driver's host N workers share one copy of the arena (zero copy): the page
+    cache only holds old versions, so 7/8 of the budget is for partitions. A worker that
+    copies what it reads (another host, or transport="tcp" here) caches 3/4."""
+    with clamor.Cluster(workers=1, worker_memory="64MiB") as cluster:
+        s = stats(cluster)[0]
+        assert (s["page_cache_budget"], s["partition_budget"]) == (8 * MiB, 56 * MiB)
+        assert s["cache_limit_pages"] == 8 * MiB // cluster.page_size
+    with clamor.Cluster(workers=1, worker_memory="64MiB", transport="tcp") as cluster:
+        s = stats(cluster)[0]
+        assert (s["page_cache_budget"], s["partition_budget"]) == (48 * MiB, 16 * MiB)
+
+
 def test_tasks_over_an_arena_array_go_where_its_pages_are_cached():
     """Placement by pages: a partition of an arena array runs on the worker caching its
     pages (by the driver's directory), whatever the worker-by-room order would say."""
@@ -164,7 +186,8 @@ def test_tasks_over_an_arena_array_go_where_its_pages_are_cached():
 def test_spill_targets_are_the_other_workers_with_room_most_free_memory_first():
     from clamor.runtime.paging.memory import Budgets
 
-    budgets = Budgets({0: 8 * MiB, 1: 24 * MiB, 2: 24 * MiB}, local_workers=3)  # 4, 12, 12 MiB
-    held = {0: 4 * MiB, 1: 5 * MiB, 2: 11 * MiB}
+    budgets = Budgets({0: 8 * MiB, 1: 24 * MiB, 2: 24 * MiB}, local_workers=3)
+    budgets.zero_copy.update({0, 1, 2})  # on the driver's host: partitions 7, 21, 21 MiB
+    held = {0: 7 * MiB, 1: 14 * MiB, 2: 20 * MiB}
     assert budgets.free(held, exclude=0, at_least=MiB) == [(1, 7 * MiB), (2, MiB)]
     assert budgets.free(held, exclude=1, at_least=2 * MiB) == []  # worker 0 is full, 2 nearly
