@@ -5,6 +5,30 @@ STAMP := .make-installed
 
 .PHONY: install kernelspec demo lab test test-deps test-oldest test-fast bench-paging proto clean
 
+## The JupyterLab extension (labextension/, TypeScript), prebuilt with JupyterLab's own
+## builder into $(LABEXT); a wheel ships it as data (pyproject's data-files), installed to
+## {sys.prefix}/share/jupyter/labextensions, where JupyterLab finds it enabled. Rebuilt only
+## when its sources change: npm ci (package-lock.json), tsc, then @jupyterlab/builder
+## against the installed JupyterLab's core packages. Node.js comes from apt-get if missing.
+LABEXT := labextension/clamor_labextension
+LABEXT_SOURCES := labextension/package.json labextension/tsconfig.json \
+  $(wildcard labextension/src/*.ts labextension/style/*)
+labextension/node_modules/.package-lock.json: labextension/package-lock.json
+	@command -v npm >/dev/null || { \
+	  echo "installing Node.js and npm (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	cd labextension && npm ci --no-audit --no-fund --loglevel=error
+
+$(LABEXT)/package.json: labextension/node_modules/.package-lock.json $(LABEXT_SOURCES)
+	@$(PYTHON) -c "import jupyterlab" 2>/dev/null || $(PIP) install -q 'jupyterlab>=4.0.2'
+	rm -rf $(LABEXT) labextension/lib
+	staging=$$($(PYTHON) -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))') \
+	  && cd labextension && JUPYTERLAB_STAGING="$$staging" npm run --silent build
+	@test -f $@
+
+.PHONY: labextension
+labextension: $(LABEXT)/package.json
+
 $(STAMP): pyproject.toml setup.py runtime/paging/native/*.c runtime/paging/native/*.h runtime/paging/native/build.py
 	@command -v gcc >/dev/null && [ -f /usr/include/openssl/hmac.h ] || { \
 	  echo "installing gcc and OpenSSL headers (apt-get)"; \
@@ -12,11 +36,15 @@ $(STAMP): pyproject.toml setup.py runtime/paging/native/*.c runtime/paging/nativ
 	$(PIP) install -q -e '.[test]'
 	@touch $(STAMP)
 
-install: $(STAMP)
+## An editable install copies no data files, so the prebuilt JupyterLab extension is
+## linked into this environment (or the user's Jupyter directory) instead, like
+## `jupyter labextension develop` (labextension/develop.py). Cheap: run every time.
+install: $(STAMP) $(LABEXT)/package.json
+	@$(PYTHON) labextension/develop.py --sys-prefix 2>/dev/null || $(PYTHON) labextension/develop.py --user
 
 ## The "Clamor (Python 3)" Jupyter kernelspec, into this environment (or the user's
 ## Jupyter directory when the environment is not writable). Cheap: run every time.
-kernelspec: $(STAMP)
+kernelspec: install
 	@$(PYTHON) -m clamor.kernel.cli install-kernel --sys-prefix 2>/dev/null \
 	  || $(PYTHON) -m clamor.kernel.cli install-kernel --user
 
@@ -67,10 +95,11 @@ test: kernelspec test-deps
 ## (testing/oldest-versions.txt), in a virtual environment of their own, so the floors
 ## stay true. Editable like the main install: both use the native module built in place.
 OLDEST_VENV ?= .venv-oldest
-test-oldest: test-deps
+test-oldest: test-deps $(LABEXT)/package.json
 	@[ -x $(OLDEST_VENV)/bin/python ] || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install -q -c testing/oldest-versions.txt -e '.[test]'
 	@$(OLDEST_VENV)/bin/python -m clamor.kernel.cli install-kernel --sys-prefix >/dev/null
+	@$(OLDEST_VENV)/bin/python labextension/develop.py --sys-prefix >/dev/null
 	$(OLDEST_VENV)/bin/python -m pytest $(PYTEST_ARGS) -m "not slow" -p no:cacheprovider
 
 test-fast: kernelspec
@@ -118,3 +147,4 @@ proto:
 
 clean:
 	rm -rf build *.egg-info runtime/paging/native/_native*.so $(STAMP) $(OLDEST_VENV)
+	rm -rf $(LABEXT) labextension/lib labextension/node_modules
