@@ -104,9 +104,12 @@ def _free_port() -> int:
 
 @contextmanager
 def jupyterlab(
-    root_dir: Path, *, kernel: str = "clamor", env: dict[str, str] | None = None, timeout: float = 60.0
+    root_dir: Path, *, kernel: str = "clamor", env: dict[str, str] | None = None, timeout: float = 60.0,
+    base_url: str = "/",
 ) -> Iterator[Lab]:
-    """Start JupyterLab on ``root_dir`` (default kernel ``kernel``); stop it and its kernels after."""
+    """Start JupyterLab on ``root_dir`` (default kernel ``kernel``) under ``base_url`` (as
+    behind JupyterHub's proxy: ``/user/NAME/``); stop it and its kernels after."""
+    base_url = "/" + base_url.strip("/") + "/" if base_url.strip("/") else "/"
     state = Path(tempfile.mkdtemp(prefix="clamor-lab-"))
     settings, workspaces = state / "settings", state / "workspaces"
     for name, values in LAB_SETTINGS.items():
@@ -119,6 +122,7 @@ def jupyterlab(
         sys.executable, "-m", "jupyterlab", "--no-browser",
         "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}",
+        f"--ServerApp.base_url={base_url}",
         f"--MappingKernelManager.default_kernel_name={kernel}",
         "--LabApp.expose_app_in_browser=True", "--JupyterNotebookApp.expose_app_in_browser=True",
         f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={workspaces}",
@@ -138,7 +142,7 @@ def jupyterlab(
         process = subprocess.Popen(
             args, stdout=out, stderr=subprocess.STDOUT, env=environ, start_new_session=True
         )
-    lab = Lab(f"http://127.0.0.1:{port}/", token, Path(root_dir), process, log)
+    lab = Lab(f"http://127.0.0.1:{port}{base_url}", token, Path(root_dir), process, log)
     try:
         _wait_until_up(lab, timeout)
         yield lab
