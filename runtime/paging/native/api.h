@@ -135,6 +135,7 @@ enum {
 typedef struct {
     uint64_t faults;            /* missing-page faults (a fetch was needed) */
     uint64_t soft_faults;       /* minor faults on cached or mapped pages (read-set tracking) */
+    uint64_t subpage_maps;      /* first touches that mapped one OS page of a larger page in place */
     uint64_t pages_fetched;
     uint64_t bytes_fetched;
     uint64_t from_shm;          /* pages copied from the driver's memfd */

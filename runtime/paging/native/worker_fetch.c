@@ -264,7 +264,7 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
         uint32_t v, hi;
         if (p >= W.npages || (i && p <= pages[i - 1])) continue; /* sorted and unique only */
         mark_touched(p);
-        if (W.zero_copy && map_direct(p, E) == 0) {
+        if (W.zero_copy && map_direct(p, E, 0) == 0) {
             ADD(prefetched_pages, 1), done++;
         } else if (cached_for(p, E, &v, &hi) == 1) {
             referenced(p);

@@ -143,10 +143,8 @@ void record(uint64_t p, uint32_t v) {
  * (EFAULT: a hole, never written) is filled with a zero page when `holes` is
  * set (the driver's memfd: a hole reads as zeros, and a driver write to it traps
  * like any other), else it fails. */
-static int try_map(uint64_t p, int holes) {
+static int try_map_range(uint64_t at, uint64_t end, int holes) {
     const uint64_t piece = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t at = (uint64_t)(uintptr_t)(W.ro + p * W.ps);
-    const uint64_t end = at + W.ps;
     while (at < end) {
         struct uffdio_continue c = {.range = {at, end - at}};
         if (ioctl(W.uffd, UFFDIO_CONTINUE, &c) == 0) return 0; /* mapped to the end, and woken */
@@ -163,6 +161,11 @@ static int try_map(uint64_t p, int holes) {
         }
     }
     return 0;
+}
+
+static int try_map(uint64_t p, int holes) {
+    uint64_t at = (uint64_t)(uintptr_t)(W.ro + p * W.ps);
+    return try_map_range(at, at + W.ps, holes);
 }
 
 static void map_page(uint64_t p) {
@@ -188,8 +191,12 @@ static int remap(uint64_t p, int fd) {
 }
 
 /* Maps the driver's own page p for a task at epoch E if the driver's bytes are
- * the version E reads. 0: mapped (and recorded); -1: the caller copies instead. */
-int map_direct(uint64_t p, uint32_t E) {
+ * the version E reads. 0: mapped (and recorded); -1: the caller copies instead.
+ * `at`: the faulting address, or 0 for the whole page (prefetch). A task's first
+ * fault on a page larger than the OS page maps just the OS page around `at`: a
+ * sparse lookup then installs one page-table entry, not 64 (256 KiB pages); a second
+ * fault on the page (a scan) maps all of it. */
+int map_direct(uint64_t p, uint32_t E, uint64_t at) {
     const uint64_t bit = 1ull << (p & 63);
     int mapped = 0, was_private = 0;
     pthread_mutex_lock(&W.map_lock);
@@ -199,11 +206,13 @@ int map_direct(uint64_t p, uint32_t E) {
         was_private = W.private_page[p];
         if (!was_private || remap(p, W.shm_fd) == 0) {
             W.private_page[p] = 0;
+            const uint64_t os_page = (uint64_t)sysconf(_SC_PAGESIZE);
+            int first = W.readmark[p] != atomic_load(&W.task_seq); /* this task's first touch */
             /* Recorded and counted before the mapping wakes the task, which may then end
              * and report at once. */
             uint32_t v = (uint32_t)(s >> 1);
             record(p, v);
-            atomic_fetch_add_explicit(&W.maps[p], 1, memory_order_relaxed); /* hotness: every mapping */
+            if (first) atomic_fetch_add_explicit(&W.maps[p], 1, memory_order_relaxed); /* hotness */
             if (W.mapped_ver1[p] != v + 1) { /* a version mapped for the first time, like a fetch */
                 W.mapped_ver1[p] = v + 1;
                 atomic_fetch_add_explicit(&W.zap->maps, 1, memory_order_relaxed);
@@ -211,7 +220,13 @@ int map_direct(uint64_t p, uint32_t E) {
             } else {
                 ADD(soft_faults, 1);
             }
-            mapped = try_map(p, 1) == 0;
+            if (at && first && !was_private && W.ps > os_page) {
+                at &= ~(os_page - 1);
+                mapped = try_map_range(at, at + os_page, 1) == 0;
+                ADD(subpage_maps, 1);
+            } else {
+                mapped = try_map(p, 1) == 0;
+            }
         }
     }
     if (!mapped) atomic_fetch_and(&W.mapped[p >> 6], ~bit);
@@ -262,7 +277,7 @@ static void *zap_main(void *arg) {
 
 /* ------------------------------------------------------- fault handler -- */
 
-static void resolve_fault(uint64_t p, uint64_t flags);
+static void resolve_fault(uint64_t p, uint64_t flags, uint64_t addr);
 
 /* Page p may be mapped from now on: task starts unmap [0, touched). */
 void mark_touched(uint64_t p) {
@@ -274,14 +289,14 @@ static void on_fault(uint64_t addr, uint64_t flags) {
     uint64_t p = (addr - (uint64_t)(uintptr_t)W.ro) / W.ps;
     if (p >= W.npages) return;
     pthread_mutex_lock(&W.fetch_lock);
-    resolve_fault(p, flags);
+    resolve_fault(p, flags, addr);
     pthread_mutex_unlock(&W.fetch_lock);
 }
 
-static void resolve_fault(uint64_t p, uint64_t flags) {
+static void resolve_fault(uint64_t p, uint64_t flags, uint64_t addr) {
     mark_touched(p);
     uint32_t E = atomic_load(&W.epoch), v, hi;
-    if (W.zero_copy && map_direct(p, E) == 0) return;
+    if (W.zero_copy && map_direct(p, E, addr) == 0) return;
     int state = cached_for(p, E, &v, &hi);
     if (state == 1) {
         if (flags & UFFD_PAGEFAULT_FLAG_MINOR) ADD(soft_faults, 1);

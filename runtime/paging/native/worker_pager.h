@@ -82,7 +82,7 @@ int evict(uint64_t p, int tell);
 void install(uint64_t p, uint32_t v, uint32_t hi);
 void make_room(uint64_t keep);
 void map_cached(uint64_t p);
-int map_direct(uint64_t p, uint32_t E);
+int map_direct(uint64_t p, uint32_t E, uint64_t at);
 void mark_touched(uint64_t p);
 void record(uint64_t p, uint32_t v);
 void referenced(uint64_t p);

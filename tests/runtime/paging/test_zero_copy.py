@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 from clamor.runtime.errors import WorkerLostError
+from clamor.runtime.paging import arena
 from clamor.testing.waiting import wait_for
 
 import clamor
@@ -158,3 +159,38 @@ def test_a_killed_worker_never_blocks_a_driver_write(cluster):
     stage.join(30)
     assert len(errors) == 1 and isinstance(errors[0], WorkerLostError)
     assert cluster.run(lambda a: float(a[5]), x, worker=other) == 2.0
+
+
+def arena_rss_in_task(a: np.ndarray, touch: list[int]) -> int:
+    """Read a[i] for each i in ``touch``, then how much of the arena this worker maps
+    (Rss of its mappings of the driver's arena memfd): at task start it maps nothing."""
+    for i in touch:
+        float(a[i])
+    rss, in_arena = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if "-" in line.split(" ", 1)[0]:  # a mapping's header line
+                in_arena = "memfd:clamor-arena" in line
+            elif in_arena and line.startswith("Rss:"):
+                rss += int(line.split()[1]) * 1024
+    return rss
+
+
+def test_a_first_touch_maps_one_os_page_and_a_second_the_whole_page(cluster):
+    """A sparse lookup on the driver's host installs one OS page per touched page, not
+    the whole (here 64 KiB) page; a second touch of the page, as in a scan, maps it all."""
+    os_page = os.sysconf("SC_PAGE_SIZE")
+    per = PAGE // 8
+    x = clamor.array(8 * per, np.float64)
+    x[:] = np.arange(len(x))
+    worker = cluster.workers[0]
+    before = cluster.worker_stats()[0]["subpage_maps"]
+
+    rss = cluster.run(arena_rss_in_task, x, [0, per, 2 * per, 3 * per], worker=worker)
+    assert rss == 4 * os_page  # one OS page of each of the 4 pages
+    assert cluster.worker_stats()[0]["subpage_maps"] - before == 4
+    assert sorted(p for p, _ in cluster.last_read_sets[0]) == [
+        (arena.arena_offset(x) + i * PAGE) // PAGE for i in range(4)]  # each page recorded once
+
+    rss = cluster.run(arena_rss_in_task, x, [0, per // 2], worker=worker)  # two OS pages of page 0
+    assert rss == PAGE  # the second touch mapped the whole page
