@@ -212,13 +212,45 @@ void maybe_read_ahead(uint64_t p, uint32_t E) {
 
 /* ------------------------------------------------------------ prefetch -- */
 
+static int by_page(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+static void qsort_pages(uint64_t *pages, uint64_t n) { qsort(pages, n, sizeof *pages, by_page); }
+
+/* A page the driver redirected to a peer holding it. */
+typedef struct {
+    uint64_t page;
+    uint32_t peer, ip, port;
+} redirected;
+
+static void redirected_swap(redirected *a, redirected *b) {
+    redirected t = *a;
+    *a = *b, *b = t;
+}
+
+/* Installs page p (answer m on fd) for the running task. */
+static int take_page(int fd, const cl_msg *m, uint64_t p) {
+    make_room(p);
+    if (recv_page(fd, m, p)) return -1;
+    install(p, m->epoch, m->aux);
+    record(p, m->epoch);
+    map_cached(p);
+    ADD(prefetched_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
+    return 0;
+}
+
 /* Fetches pages (sorted; none cached for E) from the driver with up to PREFETCH_WINDOW
- * GETs in flight, consecutive pages batched into one GET, and installs them. A page the
- * driver refuses, or that a broken connection leaves out, is fetched on its fault.
- * Returns how many it installed. */
-static uint64_t fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E) {
+ * GETs in flight, consecutive pages batched into one GET, and installs them. A lone
+ * page may be answered with REDIRECT to a peer that holds it (how hot pages replicate):
+ * those go into `redir` (room for n) unless `no_redirect`. A page the driver refuses,
+ * or that a broken connection leaves out, is fetched on its fault. Returns how many it
+ * installed; *nredir says how many were redirected. */
+static uint64_t fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E, int no_redirect,
+                                redirected *redir, uint64_t *nredir) {
     struct { uint64_t first, n; } q[PREFETCH_WINDOW];
     uint64_t next = 0, head = 0, len = 0, got = 0;
+    *nredir = 0;
     int fd = driver(pages[0]);
     cl_msg m;
     while (next < n || len) {
@@ -226,7 +258,7 @@ static uint64_t fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E) {
             uint64_t first = pages[next], k = 1;
             while (next + k < n && pages[next + k] == first + k && k < CL_MAX_BATCH) k++;
             cl_msg g = cl_make(CL_GET, first, E, (uint32_t)k);
-            g.flags = CL_GET_NO_REDIRECT;
+            g.flags = no_redirect || k > 1 ? CL_GET_NO_REDIRECT : 0;
             if (cl_send_msg(fd, &g, NULL)) goto io_error;
             q[(head + len) % PREFETCH_WINDOW].first = first, q[(head + len) % PREFETCH_WINDOW].n = k;
             len++, next += k;
@@ -237,12 +269,13 @@ static uint64_t fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E) {
         for (uint64_t i = 0; i < k; i++) { /* the answers of one GET, in order */
             if (cl_recv_msg(fd, &m)) goto io_error;
             if (m.type == CL_ERROR) break; /* the rest of this GET is not answered */
-            make_room(first + i);
-            if (recv_page(fd, &m, first + i)) goto io_error;
-            install(first + i, m.epoch, m.aux);
-            record(first + i, m.epoch);
-            map_cached(first + i);
-            ADD(from_driver, 1), ADD(prefetched_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
+            if (m.type == CL_REDIRECT) {
+                redir[(*nredir)++] = (redirected){first, m.aux, m.aux2, m.flags};
+                ADD(redirects, 1);
+                break; /* a redirect answers a one-page GET */
+            }
+            if (take_page(fd, &m, first + i)) goto io_error;
+            ADD(from_driver, 1);
             got++;
         }
     }
@@ -250,6 +283,71 @@ static uint64_t fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E) {
 io_error:
     reset_driver();
     return got;
+}
+
+/* Fetches the pages redirected to one peer (r[0..n), same peer) with every GET in
+ * flight at once. Returns how many it installed; the rest are left to the caller. */
+static uint64_t fetch_from_peer(const redirected *r, uint64_t n, uint32_t E) {
+    uint32_t peer = r[0].peer;
+    if (peer >= CL_MAX_WORKERS || peer == (uint32_t)W.id) return 0;
+    int *fd = &W.peer_fd[peer];
+    if (*fd >= 0 && (W.peer_ip[peer] != r[0].ip || W.peer_port[peer] != r[0].port)) cl_close(*fd), *fd = -1;
+    if (*fd < 0) {
+        *fd = connect_authenticated(r[0].ip, (int)r[0].port, PEER_TIMEOUT_MS);
+        if (*fd < 0) return 0;
+        W.peer_ip[peer] = r[0].ip, W.peer_port[peer] = r[0].port;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        cl_msg g = cl_make(CL_GET, r[i].page, E, 1);
+        g.flags = CL_GET_NO_REDIRECT;
+        if (cl_send_msg(*fd, &g, NULL)) goto broken;
+    }
+    uint64_t got = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        cl_msg m;
+        if (cl_recv_msg(*fd, &m)) goto broken;
+        if (m.type == CL_ERROR) continue; /* no longer held there: the caller asks the driver */
+        if (take_page(*fd, &m, r[i].page)) goto broken;
+        tell_driver(r[i].page, m.epoch, peer + 1);
+        ADD(from_peers, 1);
+        got++;
+    }
+    return got;
+broken: /* the peer died or hung up mid-stream: what it did not send comes from the driver */
+    cl_close(*fd), *fd = -1;
+    return 0;
+}
+
+/* Prefetches `missing` (sorted, none cached): from the driver, and what it redirects
+ * from the peers holding it, each peer's pages as one stream. Pages a peer fails to
+ * send (it died, or dropped them) are asked of the driver again, which then serves
+ * them itself (and forgets that holder). */
+static uint64_t fetch_missing(const uint64_t *missing, uint64_t m, uint32_t E) {
+    redirected *redir = malloc(m * sizeof *redir);
+    uint64_t *again = malloc(m * sizeof *again);
+    if (!redir || !again) {
+        free(redir), free(again);
+        return 0;
+    }
+    uint64_t nredir = 0, nagain = 0, unused, done = fetch_pipelined(missing, m, E, 0, redir, &nredir);
+    for (uint64_t i = 0; i < nredir;) { /* redir is in page order: group by peer */
+        uint32_t peer = redir[i].peer;
+        uint64_t k = 0;
+        for (uint64_t j = i; j < nredir; j++)
+            if (redir[j].peer == peer) redirected_swap(&redir[i + k++], &redir[j]);
+        done += fetch_from_peer(redir + i, k, E);
+        for (uint64_t j = i; j < i + k; j++) {
+            uint32_t v, hi;
+            if (cached_for(redir[j].page, E, &v, &hi) != 1) again[nagain++] = redir[j].page, ADD(peer_fallbacks, 1);
+        }
+        i += k;
+    }
+    if (nagain) {
+        qsort_pages(again, nagain);
+        done += fetch_pipelined(again, nagain, E, 1, redir, &unused);
+    }
+    free(redir), free(again);
+    return done;
 }
 
 uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
@@ -277,7 +375,7 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
     }
     for (uint64_t i = 0; i < m; i++)
         if (W.cver1[missing[i]]) evict(missing[i], 0); /* cached, but another version */
-    if (m) done += fetch_pipelined(missing, m, E);
+    if (m) done += fetch_missing(missing, m, E);
     pthread_mutex_unlock(&W.fetch_lock);
     free(missing);
     return done;

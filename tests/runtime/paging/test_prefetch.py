@@ -3,11 +3,17 @@ as one pipelined stream (many requests in flight) instead of one round trip per 
 
 It returns the same bytes as faulting page by page, at every page size, at the task's
 epoch (also after a driver write, and for a replay at an older epoch); the pages count
-in the task's read set; on the driver's host it maps them in place; anywhere else
-than on a worker it does nothing.
+in the task's read set; on the driver's host it maps them in place; pages another worker
+holds stream from that worker, and a peer that dies mid-stream leaves them to the
+driver; anywhere else than on a worker it does nothing.
 """
 
 from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -105,3 +111,46 @@ def test_a_page_prefetched_by_one_task_is_recorded_again_by_the_next(transport):
         assert cluster.run(lambda a, i: clamor.prefetch(a, [i]), x, last) == 1
         assert cluster.run(lambda a, i: int(a[i]), x, last) == 7
         assert len(cluster.last_read_sets[0]) == 1
+
+
+def every_other_page(t: np.ndarray, page_size: int, pages: int) -> np.ndarray:
+    """One element in each of ``pages`` pages, every other page (lone pages: the driver
+    may redirect each one to a worker that holds it)."""
+    per = page_size // t.itemsize
+    return np.arange(pages) * 2 * per
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES.values(), ids=PAGE_SIZES.keys())
+def test_redirected_pages_stream_from_the_peer_that_holds_them(table, page_size):
+    rows = every_other_page(table, page_size, 4 if page_size > 1 << 20 else 1000)
+    with clamor.Cluster(workers=2, page_size=page_size, transport="tcp", replication=True) as cluster:
+        cluster.run(gather, table, rows, worker=0)  # worker 0 holds those pages now
+        before = cluster.worker_stats()[1]
+        assert cluster.run(prefetch_then_gather, table, rows, worker=1)[0] == gather(table, rows)
+        after = cluster.worker_stats()[1]
+        assert after["from_peers"] - before["from_peers"] == len(rows)  # all from worker 0
+        assert after["faults"] == before["faults"]  # nothing left to fault in
+        assert after["prefetch_requests"] - before["prefetch_requests"] == len(rows)  # one GET each
+
+
+def test_a_peer_dying_mid_stream_leaves_the_rest_to_the_driver(table):
+    """Worker 1 streams redirected pages from worker 0, which stops answering with the
+    requests in flight and is then killed: worker 1 gets them from the driver instead,
+    and the task's result is right."""
+    rows = every_other_page(table, 4 << 10, 2000)
+    with clamor.Cluster(workers=3, page_size=4 << 10, transport="tcp", replication=True) as cluster:
+        cluster.run(gather, table, rows, worker=0)  # worker 0 holds the pages
+        cluster.run(prefetch_then_gather, table, rows[:5], worker=1)  # and worker 1 is connected to it
+        pid0 = next(w["pid"] for w in cluster.worker_stats() if w["id"] == 0)
+        os.kill(pid0, signal.SIGSTOP)  # the requests will be sent, never answered
+        result: list = []
+        stage = threading.Thread(target=lambda: result.append(
+            cluster.run(prefetch_then_gather, table, rows, worker=1)))  # fmt: skip
+        stage.start()
+        time.sleep(1.0)  # the stream is in flight: worker 1 waits for worker 0's answers
+        os.kill(pid0, signal.SIGKILL)
+        stage.join(60)
+        assert result and result[0][0] == gather(table, rows)
+        w1 = next(w for w in cluster.worker_stats() if w["id"] == 1)
+        assert w1["peer_fallbacks"] >= len(rows) - 5 - 5  # what worker 0 never sent
+        assert 1 in cluster.workers and 0 not in cluster.workers
