@@ -88,7 +88,14 @@ typedef struct {
     uint64_t async_switches;    /* arena chunks moved to async write tracking */
     uint64_t uncopied_writes;   /* trapped first writes that needed no copy (no async tracking) */
     uint64_t pages_written;     /* pages found written with no copy, at stage starts */
+    uint64_t directory_bytes;   /* the directory: 16 bytes a page, plus its holder bitmaps' pool */
+    uint64_t holder_bitmaps;    /* pages held by more than 7 workers (a 128-byte bitmap each) */
 } clamor_driver_stats;
+
+/* Workers a cluster can have: worker ids are 0 .. CLAMOR_MAX_WORKERS - 1. The driver's
+ * directory keeps page holders as 16-bit ids with 1,024-bit sets for hot pages, and
+ * same-host zero copy has a shoot-down slot per id (driver_pager.c, pager_common.h). */
+enum { CLAMOR_MAX_WORKERS = 1024 };
 
 int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_len,
                         const char *bind_host, int port, int replication,
@@ -114,9 +121,11 @@ uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests
                                   uint64_t *driver_bytes, uint64_t *peer_bytes,
                                   uint32_t *holders, uint32_t *version);
 int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out);
-/* The directory's holder sets (bit w: worker w holds the current version) of pages
- * [first, first + n); returns how many were filled (fewer past the arena's end). */
-uint64_t clamor_driver_page_holders(uint64_t first, uint64_t n, uint64_t *sets);
+/* The directory's holders of pages [first, first + n): counts[i] workers hold the
+ * current version of page first + i (0 past the arena's end), and their ids, ascending,
+ * page after page, go into ids, the first `cap` of them. Returns how many ids there
+ * were: more than cap means the list was cut (call again with room for them). */
+uint64_t clamor_driver_page_holders(uint64_t first, uint64_t n, uint32_t *counts, uint16_t *ids, uint64_t cap);
 /* Frees version-log entries that no epoch >= floor reads; returns the bytes freed.
  * The floor only rises; requests for older epochs are refused from then on. */
 uint64_t clamor_driver_trim_log(uint32_t floor);
@@ -135,6 +144,7 @@ enum {
 typedef struct {
     uint64_t faults;            /* missing-page faults (a fetch was needed) */
     uint64_t soft_faults;       /* minor faults on cached or mapped pages (read-set tracking) */
+    uint64_t pipelined_faults;  /* faults of several threads fetched together in one stream */
     uint64_t subpage_maps;      /* first touches that mapped one OS page of a larger page in place */
     uint64_t pages_fetched;
     uint64_t bytes_fetched;

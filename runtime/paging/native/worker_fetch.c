@@ -216,7 +216,7 @@ static int by_page(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
 }
-static void qsort_pages(uint64_t *pages, uint64_t n) { qsort(pages, n, sizeof *pages, by_page); }
+void qsort_pages(uint64_t *pages, uint64_t n) { qsort(pages, n, sizeof *pages, by_page); }
 
 /* A page the driver redirected to a peer holding it. */
 typedef struct {
@@ -229,14 +229,17 @@ static void redirected_swap(redirected *a, redirected *b) {
     *a = *b, *b = t;
 }
 
-/* Installs page p (answer m on fd) for the running task. */
-static int take_page(int fd, const cl_msg *m, uint64_t p) {
+/* Installs page p (answer m on fd) for the running task and maps it (which wakes the
+ * threads faulting on it). `prefetch`: asked by clamor.prefetch, not by faults. */
+static int take_page(int fd, const cl_msg *m, uint64_t p, int prefetch) {
     make_room(p);
     if (recv_page(fd, m, p)) return -1;
     install(p, m->epoch, m->aux);
     record(p, m->epoch);
     map_cached(p);
-    ADD(prefetched_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
+    if (prefetch) ADD(prefetched_pages, 1);
+    else ADD(faults, 1), ADD(pipelined_faults, 1);
+    ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
     return 0;
 }
 
@@ -247,7 +250,7 @@ static int take_page(int fd, const cl_msg *m, uint64_t p) {
  * or that a broken connection leaves out, is fetched on its fault. Returns how many it
  * installed; *nredir says how many were redirected. */
 static uint64_t fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E, int no_redirect,
-                                redirected *redir, uint64_t *nredir) {
+                                redirected *redir, uint64_t *nredir, int prefetch) {
     struct { uint64_t first, n; } q[PREFETCH_WINDOW];
     uint64_t next = 0, head = 0, len = 0, got = 0;
     *nredir = 0;
@@ -274,7 +277,7 @@ static uint64_t fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E, i
                 ADD(redirects, 1);
                 break; /* a redirect answers a one-page GET */
             }
-            if (take_page(fd, &m, first + i)) goto io_error;
+            if (take_page(fd, &m, first + i, prefetch)) goto io_error;
             ADD(from_driver, 1);
             got++;
         }
@@ -287,7 +290,7 @@ io_error:
 
 /* Fetches the pages redirected to one peer (r[0..n), same peer) with every GET in
  * flight at once. Returns how many it installed; the rest are left to the caller. */
-static uint64_t fetch_from_peer(const redirected *r, uint64_t n, uint32_t E) {
+static uint64_t fetch_from_peer(const redirected *r, uint64_t n, uint32_t E, int prefetch) {
     uint32_t peer = r[0].peer;
     if (peer >= CL_MAX_WORKERS || peer == (uint32_t)W.id) return 0;
     int *fd = &W.peer_fd[peer];
@@ -307,7 +310,7 @@ static uint64_t fetch_from_peer(const redirected *r, uint64_t n, uint32_t E) {
         cl_msg m;
         if (cl_recv_msg(*fd, &m)) goto broken;
         if (m.type == CL_ERROR) continue; /* no longer held there: the caller asks the driver */
-        if (take_page(*fd, &m, r[i].page)) goto broken;
+        if (take_page(*fd, &m, r[i].page, prefetch)) goto broken;
         tell_driver(r[i].page, m.epoch, peer + 1);
         ADD(from_peers, 1);
         got++;
@@ -322,20 +325,20 @@ broken: /* the peer died or hung up mid-stream: what it did not send comes from 
  * from the peers holding it, each peer's pages as one stream. Pages a peer fails to
  * send (it died, or dropped them) are asked of the driver again, which then serves
  * them itself (and forgets that holder). */
-static uint64_t fetch_missing(const uint64_t *missing, uint64_t m, uint32_t E) {
+uint64_t fetch_missing(const uint64_t *missing, uint64_t m, uint32_t E, int prefetch) {
     redirected *redir = malloc(m * sizeof *redir);
     uint64_t *again = malloc(m * sizeof *again);
     if (!redir || !again) {
         free(redir), free(again);
         return 0;
     }
-    uint64_t nredir = 0, nagain = 0, unused, done = fetch_pipelined(missing, m, E, 0, redir, &nredir);
+    uint64_t nredir = 0, nagain = 0, unused, done = fetch_pipelined(missing, m, E, 0, redir, &nredir, prefetch);
     for (uint64_t i = 0; i < nredir;) { /* redir is in page order: group by peer */
         uint32_t peer = redir[i].peer;
         uint64_t k = 0;
         for (uint64_t j = i; j < nredir; j++)
             if (redir[j].peer == peer) redirected_swap(&redir[i + k++], &redir[j]);
-        done += fetch_from_peer(redir + i, k, E);
+        done += fetch_from_peer(redir + i, k, E, prefetch);
         for (uint64_t j = i; j < i + k; j++) {
             uint32_t v, hi;
             if (cached_for(redir[j].page, E, &v, &hi) != 1) again[nagain++] = redir[j].page, ADD(peer_fallbacks, 1);
@@ -344,7 +347,7 @@ static uint64_t fetch_missing(const uint64_t *missing, uint64_t m, uint32_t E) {
     }
     if (nagain) {
         qsort_pages(again, nagain);
-        done += fetch_pipelined(again, nagain, E, 1, redir, &unused);
+        done += fetch_pipelined(again, nagain, E, 1, redir, &unused, prefetch);
     }
     free(redir), free(again);
     return done;
@@ -375,7 +378,7 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
     }
     for (uint64_t i = 0; i < m; i++)
         if (W.cver1[missing[i]]) evict(missing[i], 0); /* cached, but another version */
-    if (m) done += fetch_missing(missing, m, E);
+    if (m) done += fetch_missing(missing, m, E, 1);
     pthread_mutex_unlock(&W.fetch_lock);
     free(missing);
     return done;

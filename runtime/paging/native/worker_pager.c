@@ -277,7 +277,6 @@ static void *zap_main(void *arg) {
 
 /* ------------------------------------------------------- fault handler -- */
 
-static void resolve_fault(uint64_t p, uint64_t flags, uint64_t addr);
 
 /* Page p may be mapped from now on: task starts unmap [0, touched). */
 void mark_touched(uint64_t p) {
@@ -285,27 +284,27 @@ void mark_touched(uint64_t p) {
     while (p + 1 > t && !atomic_compare_exchange_weak(&W.touched, &t, p + 1)) {}
 }
 
-static void on_fault(uint64_t addr, uint64_t flags) {
-    uint64_t p = (addr - (uint64_t)(uintptr_t)W.ro) / W.ps;
-    if (p >= W.npages) return;
-    pthread_mutex_lock(&W.fetch_lock);
-    resolve_fault(p, flags, addr);
-    pthread_mutex_unlock(&W.fetch_lock);
-}
-
-static void resolve_fault(uint64_t p, uint64_t flags, uint64_t addr) {
+/* Resolves a fault that needs no fetch: the page mapped in place (zero copy) or from
+ * the cache. 1: done; 0: it must be fetched (a stale cached version is evicted). */
+static int resolve_locally(uint64_t p, uint64_t flags, uint64_t addr) {
     mark_touched(p);
     uint32_t E = atomic_load(&W.epoch), v, hi;
-    if (W.zero_copy && map_direct(p, E, addr) == 0) return;
+    if (W.zero_copy && map_direct(p, E, addr) == 0) return 1;
     int state = cached_for(p, E, &v, &hi);
     if (state == 1) {
         if (flags & UFFD_PAGEFAULT_FLAG_MINOR) ADD(soft_faults, 1);
         referenced(p);
         record(p, v);
         map_cached(p);
-        return;
+        return 1;
     }
     if (state == 0) evict(p, 0); /* cached, but a different version than this epoch reads */
+    return 0;
+}
+
+static void resolve_fault(uint64_t p, uint64_t flags, uint64_t addr) {
+    if (resolve_locally(p, flags, addr)) return; /* also: fetched by the batch it came in */
+    uint32_t E = atomic_load(&W.epoch), v, hi;
     ADD(faults, 1);
     make_room(p);
     fetch(p, E, &v, &hi);
@@ -316,6 +315,31 @@ static void resolve_fault(uint64_t p, uint64_t flags, uint64_t addr) {
     if (!W.zero_copy) maybe_read_ahead(p, E);
 }
 
+/* A batch of faults read at once (several threads of a task faulting together): those
+ * that need a fetch go out as one pipelined stream instead of a round trip each. */
+static void on_faults(const struct uffd_msg *msgs, int n) {
+    uint64_t need[16], addr[16], flags[16];
+    int k = 0;
+    pthread_mutex_lock(&W.fetch_lock);
+    for (int i = 0; i < n; i++) {
+        if (msgs[i].event != UFFD_EVENT_PAGEFAULT) continue;
+        uint64_t a = msgs[i].arg.pagefault.address, p = (a - (uint64_t)(uintptr_t)W.ro) / W.ps;
+        if (p >= W.npages || resolve_locally(p, msgs[i].arg.pagefault.flags, a)) continue;
+        addr[k] = a, flags[k] = msgs[i].arg.pagefault.flags, need[k++] = p;
+    }
+    if (k > 1) {
+        uint64_t pages[16];
+        memcpy(pages, need, (size_t)k * sizeof *pages);
+        qsort_pages(pages, (uint64_t)k);
+        uint64_t u = 0;
+        for (int i = 0; i < k; i++)
+            if (!u || pages[u - 1] != pages[i]) pages[u++] = pages[i];
+        if (u > 1) fetch_missing(pages, u, atomic_load(&W.epoch), 0);
+    }
+    for (int i = 0; i < k; i++) resolve_fault(need[i], flags[i], addr[i]); /* what the batch left */
+    pthread_mutex_unlock(&W.fetch_lock);
+}
+
 static void *fault_main(void *arg) {
     (void)arg;
     struct pollfd pfd = {W.uffd, POLLIN, 0};
@@ -323,10 +347,7 @@ static void *fault_main(void *arg) {
         if (poll(&pfd, 1, -1) < 0 && errno != EINTR) break;
         struct uffd_msg msgs[16];
         ssize_t n = read(W.uffd, msgs, sizeof msgs);
-        if (n <= 0) continue;
-        for (ssize_t i = 0; i < n / (ssize_t)sizeof msgs[0]; i++)
-            if (msgs[i].event == UFFD_EVENT_PAGEFAULT)
-                on_fault(msgs[i].arg.pagefault.address, msgs[i].arg.pagefault.flags);
+        if (n > 0) on_faults(msgs, (int)(n / (ssize_t)sizeof msgs[0]));
     }
     return NULL;
 }
@@ -408,15 +429,23 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
             int fd = open(shm_zap_path, O_RDWR | O_CLOEXEC);
             void *area = fd < 0 ? MAP_FAILED
                                 : mmap(NULL, cl_zap_area_bytes(W.npages), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            /* Our bitmap starts zeroed and takes no memory until we map pages: punched out
+             * of the memfd (stores of zeros would allocate all of it). */
+            int zeroed = area != MAP_FAILED
+                         && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                      (off_t)cl_zap_bits_offset(W.npages, worker_id), (off_t)cl_zap_bits_bytes(W.npages)) == 0;
             if (fd >= 0) close(fd);
             W.private_page = calloc(W.npages, 1);
             W.mapped_ver1 = calloc(W.npages, sizeof *W.mapped_ver1);
             if (area == MAP_FAILED || !W.private_page || !W.mapped_ver1)
                 return CL_ERR("cannot map the driver's shoot-down area (%s): %s", shm_zap_path, strerror(errno));
+            W.zap_head = cl_zap_head_of(area);
             W.zap = cl_zap_slot_of(area, worker_id);
             W.mapped = cl_zap_bits(area, W.npages, worker_id);
             W.maps = cl_zap_maps(area, W.npages);
             W.zero_copy = 1;
+            if (!zeroed)
+                for (uint64_t i = 0; i < cl_zap_words(W.npages); i++) atomic_store(&W.mapped[i], 0);
         }
     }
     W.cache_fd = memfd_create("clamor-page-cache", MFD_CLOEXEC);
@@ -440,10 +469,13 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
     if (pthread_create(&W.thread, NULL, fault_main, NULL)) return CL_ERR("cannot start the fault handler thread");
     pthread_detach(W.thread);
     if (W.zero_copy) {
-        for (uint64_t i = 0; i < cl_zap_words(W.npages); i++) atomic_store(&W.mapped[i], 0);
         pthread_t zap;
         if (pthread_create(&zap, NULL, zap_main, NULL)) return CL_ERR("cannot start the shoot-down thread");
         pthread_detach(zap);
+        /* The driver looks at slots below head.slots: raised past us before our pid is
+         * published and before any bit of ours is set (pager_common.h). */
+        uint32_t slots = atomic_load(&W.zap_head->slots);
+        while (slots < (uint32_t)worker_id + 1 && !atomic_compare_exchange_weak(&W.zap_head->slots, &slots, (uint32_t)worker_id + 1)) {}
         atomic_store(&W.zap->pid, (int32_t)getpid()); /* from now on the driver asks us */
     }
     cl_service svc = {

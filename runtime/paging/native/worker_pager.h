@@ -59,6 +59,7 @@ typedef struct {
     uint8_t *private_page;    /* zero copy: 1 where the range maps the cache memfd instead */
     uint32_t *mapped_ver1;    /* zero copy: version + 1 of the page last counted as mapped */
     _Atomic uint64_t *mapped; /* zero copy: our bitmap of pages mapped from the driver (shared) */
+    cl_zap_head *zap_head;    /* zero copy: the shoot-down area's head (shared with the driver) */
     cl_zap_slot *zap;         /* zero copy: our shoot-down slot (shared with the driver) */
     _Atomic uint32_t *maps;   /* zero copy: per page, mappings from the driver (shared) */
     pthread_mutex_t map_lock; /* zero copy: mapping from the driver vs. shoot-downs */
@@ -83,6 +84,10 @@ void install(uint64_t p, uint32_t v, uint32_t hi);
 void make_room(uint64_t keep);
 void map_cached(uint64_t p);
 int map_direct(uint64_t p, uint32_t E, uint64_t at);
+/* Fetches pages (sorted, none cached for E) as pipelined streams from the driver and
+ * the peers it redirects to, and maps them; how many it installed. Fetch lock held. */
+uint64_t fetch_missing(const uint64_t *pages, uint64_t n, uint32_t E, int prefetch);
+void qsort_pages(uint64_t *pages, uint64_t n);
 void mark_touched(uint64_t p);
 void record(uint64_t p, uint32_t v);
 void referenced(uint64_t p);
