@@ -18,7 +18,7 @@ status and duration goes to ``bench/results/run.log.json`` and stderr; the exit 
 is 1 if any workload failed.
 
 ``--network [RATE]`` then also runs the network variants (``lookups``, ``streaming``,
-``replication``, ``kdtree`` with ``--network RATE``: workers on simulated hosts behind links of RATE,
+``replication``, ``kdtree``, ``logreg`` with ``--network RATE``: workers on simulated hosts behind links of RATE,
 default 1gbit, see ``network.py``), logged as ``<name>-network`` with twice the time
 limit. Where network namespaces cannot be built (not root, no ``ip``/``tc``), they are
 logged as ``skipped`` with the reason, which does not fail the run.
@@ -46,7 +46,7 @@ WORKLOADS = ("lookups", "streaming", "kdtree", "replication", "spill", "logreg",
 #: Every script in workloads/, also those the full run leaves to their own make targets.
 ALL_WORKLOADS = tuple(sorted(p.stem for p in (BENCH / "workloads").glob("*.py") if p.stem != "__init__"))
 #: The workloads with a network mode (``--network``), run after all the loopback ones.
-NETWORK_WORKLOADS = ("lookups", "streaming", "replication", "kdtree")
+NETWORK_WORKLOADS = ("lookups", "streaming", "replication", "kdtree", "logreg")
 
 
 def run_one(name: str, quick: bool, timeout: float, network: str | None = None) -> dict:

@@ -23,7 +23,7 @@ from harness.results import RESULTS, median, ratio, spread
 
 #: Workloads in the order the report shows them (others follow, alphabetically).
 ORDER = ("lookups", "lookups-network", "replication", "replication-network", "spill", "streaming",
-         "streaming-network", "kdtree", "kdtree-network", "logreg", "kmeans", "overhead")
+         "streaming-network", "kdtree", "kdtree-network", "logreg", "logreg-network", "kmeans", "overhead")
 
 
 def human_bytes(n: float | None) -> str:
