@@ -37,8 +37,8 @@ $(STAMP): pyproject.toml setup.py runtime/paging/native/*.c runtime/paging/nativ
 	@touch $(STAMP)
 
 ## An editable install copies no data files, so the prebuilt JupyterLab extension is
-## linked into this environment (or the user's Jupyter directory) instead, like
-## `jupyter labextension develop` (labextension/develop.py). Cheap: run every time.
+## copied into this environment (or the user's Jupyter directory) instead
+## (labextension/develop.py). Cheap: run every time, so a rebuild is picked up.
 install: $(STAMP) $(LABEXT)/package.json
 	@$(PYTHON) labextension/develop.py --sys-prefix 2>/dev/null || $(PYTHON) labextension/develop.py --user
 

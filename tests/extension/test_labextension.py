@@ -1,6 +1,6 @@
 """The JupyterLab extension (labextension/) is installed and enabled: JupyterLab lists it
 "enabled OK" in this environment, and a wheel ships the prebuilt files where JupyterLab
-looks. ``make install`` builds it (npm ci, tsc, @jupyterlab/builder) and links the build
+looks. ``make install`` builds it (npm ci, tsc, @jupyterlab/builder) and copies the build
 into this environment (labextension/develop.py: an editable install copies no data files);
 tests/extension/test_labextension_browser.py drives it in a browser."""
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 NAME = "clamor-jupyter-labextension"
 SOURCE = REPO / "labextension"
 BUILT = SOURCE / "clamor_labextension"
-INSTALL = "`make install` builds it and links it into this environment"
+INSTALL = "`make install` builds it and copies it into this environment"
 
 
 def test_jupyter_labextension_list_shows_it_enabled_and_ok() -> None:
