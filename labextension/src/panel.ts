@@ -11,7 +11,7 @@ import { ServerConnection, Session } from '@jupyterlab/services';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { ICluster, IWorker, VIEWS, clamorUrl, fetchClusters } from './api';
+import { ApiError, ICluster, IWorker, VIEWS, clamorUrl, fetchClusters } from './api';
 
 /** Milliseconds between polls while the panel is shown. */
 export const POLL_MS = 1500;
@@ -76,9 +76,11 @@ export class ClamorPanel extends Widget {
     try {
       clusters = await fetchClusters(this.options.settings);
     } catch (err) {
-      this._state.textContent = `The Clamor server extension does not answer: ${
-        (err as Error).message || err
-      }`;
+      this._state.textContent =
+        err instanceof ApiError && err.status === 404
+          ? 'This Jupyter server has no Clamor server extension (clamor.extension): ' +
+            'check `jupyter server extension list`.'
+          : `The Clamor server extension does not answer: ${(err as Error).message || err}`;
       this._state.classList.add('clamor-mod-error');
       throw err;
     }
