@@ -89,6 +89,7 @@ def _run(block: Block, cwd: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # clusters in fresh interpreters: 40-120 s on 2 cores
 @pytest.mark.parametrize("page", PAGES)
 def test_the_runnable_examples_run(page: str, tmp_path: Path) -> None:
     runnable = [b for b in blocks(page) if b.runnable]
