@@ -82,6 +82,7 @@ export class ClamorPanel extends Widget {
             'check `jupyter server extension list`.'
           : `The Clamor server extension does not answer: ${(err as Error).message || err}`;
       this._state.classList.add('clamor-mod-error');
+      this._empty.style.display = 'none'; // unknown, not none
       throw err;
     }
     const notebooks = new Map<string, string>();
