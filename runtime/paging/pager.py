@@ -24,6 +24,14 @@ ffi, lib = _native.ffi, _native.lib
 TRANSPORTS = ("auto", "shm", "shm-copy", "tcp")
 _ERRLEN = 512
 MIN_CACHE_PAGES = 4  # a non-zero page-cache budget is never below this many pages
+#: Worker ids are ``0 .. MAX_WORKERS - 1`` (1,024): the driver's page directory records
+#: holders as 16-bit ids with a 1,024-bit set per hot page, and same-host zero copy has
+#: one shoot-down slot per id (native/api.h: CLAMOR_MAX_WORKERS).
+MAX_WORKERS = int(lib.CLAMOR_MAX_WORKERS)
+WORKER_LIMIT_REASON = (
+    f"the driver's page directory tracks which workers hold each page for at most "
+    f"{MAX_WORKERS:,} workers (ids 0..{MAX_WORKERS - 1})"
+)
 _worker_pager: WorkerPager | None = None
 
 
@@ -112,6 +120,8 @@ class DriverPager:
 
     # -- DriverPaging -----------------------------------------------------
     def worker_config(self, worker_id: int, host: str) -> dict:
+        if not 0 <= worker_id < MAX_WORKERS:
+            raise PagingError(f"worker id {worker_id} is past the limit: {WORKER_LIMIT_REASON}")
         config = {
             "paging_factory": "clamor.runtime.paging.pager:WorkerPager",
             "arena_size": self.arena_size,
@@ -224,20 +234,33 @@ class DriverPager:
     def cached_bytes(self, reads: tuple[tuple[int, int], ...]) -> dict[int, int]:
         """Worker -> bytes of the pages of these arena byte ranges ``(offset, nbytes)``
         whose current version it caches, by the directory (placement by pages)."""
-        cached: dict[int, int] = {}
+        held = []
         for offset, nbytes in reads:
             first = int(offset) // self.page_size
             count = max(0, -(-(int(offset) + int(nbytes)) // self.page_size) - first)
-            if not count:
-                continue
-            sets = np.zeros(count, np.uint64)
-            n = int(lib.clamor_driver_page_holders(first, count, ffi.from_buffer("uint64_t[]", sets)))
-            sets = sets[:n]
-            present = int(np.bitwise_or.reduce(sets)) if n else 0
-            for worker in (w for w in range(64) if present >> w & 1):  # one pass per holder
-                held = int(np.count_nonzero(sets & np.uint64(1 << worker)))
-                cached[worker] = cached.get(worker, 0) + held * self.page_size
-        return cached
+            if count:
+                held.append(self.page_holders(first, count)[1])
+        pages = np.bincount(np.concatenate(held)) if held else np.zeros(0, np.int64)  # per worker
+        return {int(w): int(pages[w]) * self.page_size for w in np.flatnonzero(pages)}
+
+    def page_holders(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The directory for pages ``[first, first + count)``: how many workers hold each
+        page's current version (``uint32``, 0 past the arena's end), and those workers'
+        ids, ascending, page after page (``uint16``): page ``i``'s are
+        ``ids[offsets[i]:offsets[i + 1]]`` with ``offsets = np.r_[0, np.cumsum(counts, dtype=np.int64)]``."""
+        count = max(0, int(count))
+        counts = np.zeros(count, np.uint32)
+        if not count:
+            return counts, np.zeros(0, np.uint16)
+        room = 2 * count
+        while True:
+            ids = np.zeros(max(room, 1), np.uint16)
+            total = int(lib.clamor_driver_page_holders(
+                first, count, ffi.from_buffer("uint32_t[]", counts), ffi.from_buffer("uint16_t[]", ids), room
+            ))  # fmt: skip
+            if total <= room:
+                return counts, ids[:total]
+            room = total + total // 4  # holders came meanwhile: ask again with room for them
 
     def used_pages(self) -> int:
         """Pages up to the arena's high-water mark (everything ever handed out)."""

@@ -40,12 +40,28 @@ int cl_uffd_register(int uffd, void *base, uint64_t len, uint64_t mode, char *er
  * handler), every same-host worker that maps the page unmaps it ("shoot-down"),
  * so a running task never sees bytes newer than its epoch. The shoot-down area
  * is one memfd of the driver, mapped read-write by the driver and by each
- * same-host worker: CL_MAX_WORKERS slots, then one bitmap per worker of the
- * pages it maps from the driver, then a count per page of such mappings. A worker sets a page's bit before it checks the
- * page's state and maps it; the driver marks the page dirty before it reads the
- * bits (both sequentially consistent), so either the worker sees the write
- * coming and copies the old version instead, or the driver sees the bit and
- * waits for the worker to unmap. */
+ * same-host worker: a head, CL_MAX_WORKERS slots, then one bitmap per worker
+ * slot of the pages it maps from the driver, then a count per page of such
+ * mappings. A worker sets a page's bit before it checks the page's state and
+ * maps it; the driver marks the page dirty before it reads the bits (both
+ * sequentially consistent), so either the worker sees the write coming and
+ * copies the old version instead, or the driver sees the bit and waits for the
+ * worker to unmap.
+ *
+ * Sized for CL_MAX_WORKERS slots, paid for by the workers that attach: the memfd
+ * is sparse (no memory until a page of it is touched), every bitmap starts on its
+ * own OS page, a worker zeroes its bitmap by punching it out of the memfd, and
+ * the driver reads only the slots below head.slots. A worker raises head.slots
+ * past its id (seq_cst) before it publishes its pid and before it sets any bit;
+ * the driver reads head.slots after its dirty mark and fence, so a worker it does
+ * not look at set its bit after the dirty mark and sees it (the argument above).
+ * A 32 GiB arena of 4 KiB pages thus costs 1 MiB per attached worker and about
+ * 64 KiB of slots, not 1 GiB for 1,024 possible workers. */
+typedef struct {
+    _Atomic uint32_t slots; /* 1 + the highest worker id that ever attached */
+    uint8_t pad[60];
+} cl_zap_head;
+
 typedef struct {
     _Atomic uint32_t req;  /* futex word: the driver bumps it to ask */
     _Atomic uint32_t ack;  /* futex word: the worker sets it to req when done */
@@ -56,19 +72,33 @@ typedef struct {
     uint8_t pad[32];
 } cl_zap_slot;
 
+#define CL_ZAP_ALIGN 4096 /* bitmaps start on their own (4 KiB or larger) OS page */
+static inline uint64_t cl_zap_round(uint64_t n) { return (n + CL_ZAP_ALIGN - 1) / CL_ZAP_ALIGN * CL_ZAP_ALIGN; }
 static inline uint64_t cl_zap_words(uint64_t npages) { return (npages + 63) / 64; }
-static inline uint64_t cl_zap_area_bytes(uint64_t npages) {
-    return CL_MAX_WORKERS * (sizeof(cl_zap_slot) + cl_zap_words(npages) * sizeof(uint64_t))
-           + npages * sizeof(uint32_t);
+/* One worker's bitmap: its offset in the area, and its size rounded to whole pages. */
+static inline uint64_t cl_zap_bits_bytes(uint64_t npages) { return cl_zap_round(cl_zap_words(npages) * sizeof(uint64_t)); }
+static inline uint64_t cl_zap_bits_offset(uint64_t npages, int worker) {
+    return cl_zap_round(sizeof(cl_zap_head) + CL_MAX_WORKERS * sizeof(cl_zap_slot)) + (uint64_t)worker * cl_zap_bits_bytes(npages);
 }
-static inline cl_zap_slot *cl_zap_slot_of(void *area, int worker) { return (cl_zap_slot *)area + worker; }
+static inline uint64_t cl_zap_area_bytes(uint64_t npages) {
+    return cl_zap_bits_offset(npages, CL_MAX_WORKERS) + npages * sizeof(uint32_t);
+}
+static inline cl_zap_head *cl_zap_head_of(void *area) { return (cl_zap_head *)area; }
+static inline cl_zap_slot *cl_zap_slot_of(void *area, int worker) {
+    return (cl_zap_slot *)((cl_zap_head *)area + 1) + worker;
+}
 static inline _Atomic uint64_t *cl_zap_bits(void *area, uint64_t npages, int worker) {
-    return (_Atomic uint64_t *)((cl_zap_slot *)area + CL_MAX_WORKERS) + (uint64_t)worker * cl_zap_words(npages);
+    return (_Atomic uint64_t *)((uint8_t *)area + cl_zap_bits_offset(npages, worker));
 }
 /* Per page: how many times workers mapped it from the driver (the heatmap's
  * requests of zero copy, which sends the driver no message). */
 static inline _Atomic uint32_t *cl_zap_maps(void *area, uint64_t npages) {
-    return (_Atomic uint32_t *)(cl_zap_bits(area, npages, CL_MAX_WORKERS));
+    return (_Atomic uint32_t *)((uint8_t *)area + cl_zap_bits_offset(npages, CL_MAX_WORKERS));
+}
+/* The slots the driver looks at: every worker that attached is below it. */
+static inline int cl_zap_slots(void *area) {
+    uint32_t n = atomic_load(&cl_zap_head_of(area)->slots);
+    return n < CL_MAX_WORKERS ? (int)n : CL_MAX_WORKERS;
 }
 
 /* futex on a shared (not process-private) word; waits at most timeout_ms. */

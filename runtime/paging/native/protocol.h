@@ -13,7 +13,7 @@
 #define CL_ANY_CLIENT 0xffffffffu   /* a client that is not a worker */
 #define CL_OPEN_ENDED 0xffffffffu   /* valid_until of a page's current version */
 #define CL_MAX_BATCH 1024           /* pages in one read-ahead request */
-#define CL_MAX_WORKERS 64           /* the directory keeps holders in a 64-bit set */
+#define CL_MAX_WORKERS 1024         /* worker ids 0..1023: CLAMOR_MAX_WORKERS (api.h) says why */
 
 enum cl_type {
     CL_HELLO = 1,    /* server -> client: nonce */
