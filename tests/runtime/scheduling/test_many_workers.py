@@ -1,0 +1,88 @@
+"""More workers than the 64 a 64-bit holder set allowed: 72 on one cluster.
+
+All 72 are local processes on however few cores the machine has (the test is
+kept light: tiny tasks, a few 4 KiB pages, small memory budgets). Every worker
+runs a task of one stage, reads pages its peers serve (TCP, replication: the
+driver redirects to holders, ids past 63 included), and close leaves no worker
+process behind. Start-up time is printed (pytest -s) for the record.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from clamor.runtime.paging import arena
+
+import clamor
+
+pytestmark = pytest.mark.slow
+
+WORKERS = 72
+PAGE = 4096
+HOT_PAGES = 4
+
+
+def read_hot(a: np.ndarray, worker: int) -> tuple[int, int, float]:
+    """Touch every page of `a`; say who did it."""
+    return worker, os.getpid(), float(a[:: PAGE // 8].sum())
+
+
+def gone(pid: int) -> bool:
+    """No such process (or only a zombie that is no longer running)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_72_workers_run_a_stage_and_serve_each_other_pages():
+    t0 = time.monotonic()
+    cluster = clamor.Cluster(workers=WORKERS, transport="tcp", replication=True, page_size=PAGE,
+                             worker_memory="64MiB", timeout=120)  # fmt: skip
+    started = time.monotonic() - t0
+    print(f"\n{WORKERS} workers up in {started:.1f} s on {os.cpu_count()} cores")
+    try:
+        assert cluster.workers == list(range(WORKERS))
+        pids = {w: cluster.worker_pid(w) for w in cluster.workers}
+        hot = clamor.array(HOT_PAGES * PAGE // 8, np.float64)
+        hot[:: PAGE // 8] = np.arange(1, HOT_PAGES + 1)
+        expected = float(np.arange(1, HOT_PAGES + 1).sum())
+        first = arena.arena_offset(hot) // PAGE
+
+        # Worker 71 reads the pages first: the stage's other readers can be sent to it.
+        assert cluster.run(read_hot, hot, WORKERS - 1, worker=WORKERS - 1)[2] == expected
+        before = cluster.stats()
+        t1 = time.monotonic()
+        results = cluster.run_stage([(w, read_hot, (hot, w)) for w in range(WORKERS)])
+        print(f"a stage of {WORKERS} tasks in {time.monotonic() - t1:.2f} s")
+        assert [(w, pid) for w, pid, _ in results] == list(pids.items())  # each on its own worker
+        assert all(total == expected for _, _, total in results)
+        assert cluster.workers == list(range(WORKERS))  # every worker alive
+        assert not any(gone(pid) for pid in pids.values())
+
+        after = cluster.stats()
+        assert after["driver"]["redirects"] > before["driver"]["redirects"]
+        assert after["bytes_served_by_peers"] > before["bytes_served_by_peers"]
+        # Every worker holds every hot page now (fetched from the driver or a peer; a
+        # peer's HAVE may still be on its way).
+        deadline = time.monotonic() + 10
+        while (counts := cluster.paging.page_holders(first, HOT_PAGES)[0]).min() < WORKERS:
+            assert time.monotonic() < deadline, counts
+            time.sleep(0.05)
+        counts, ids = cluster.paging.page_holders(first, HOT_PAGES)
+        assert ids.tolist() == list(range(WORKERS)) * HOT_PAGES
+        assert (cluster.page_stats()["holders"][first : first + HOT_PAGES] == WORKERS).all()
+        cached = cluster.paging.cached_bytes(((first * PAGE, HOT_PAGES * PAGE),))
+        assert cached == {w: HOT_PAGES * PAGE for w in range(WORKERS)}
+    finally:
+        t2 = time.monotonic()
+        cluster.close()
+        print(f"closed in {time.monotonic() - t2:.1f} s")
+    deadline = time.monotonic() + 10
+    while not all(gone(pid) for pid in pids.values()):
+        assert time.monotonic() < deadline, [w for w, pid in pids.items() if not gone(pid)]
+        time.sleep(0.1)
