@@ -80,7 +80,8 @@ def _raise_open_file_limit(workers: int) -> None:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         need = 256 + FDS_PER_WORKER * workers
         if soft != resource.RLIM_INFINITY and soft < need:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (need if hard == resource.RLIM_INFINITY else min(need, hard), hard))
+            raised = need if hard == resource.RLIM_INFINITY else min(need, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
     except (OSError, ValueError) as e:
         logger.warning("cannot raise the open file limit for %d workers: %s", workers, e)
 
