@@ -6,28 +6,28 @@ STAMP := .make-installed
 .PHONY: install kernelspec demo lab test test-deps test-oldest test-fast bench-paging proto clean
 
 ## The JupyterLab extension (labextension/, TypeScript), prebuilt with JupyterLab's own
-## builder into $(LABEXT); a wheel ships it as data (pyproject's data-files), installed to
-## {sys.prefix}/share/jupyter/labextensions, where JupyterLab finds it enabled. Rebuilt only
-## when its sources change: npm ci (package-lock.json), tsc, then @jupyterlab/builder
-## against the installed JupyterLab's core packages. Node.js comes from apt-get if missing.
+## builder into $(LABEXT) and committed, so that `pip install ".[jupyter]"` ships it without
+## Node.js (pyproject's data-files put it in {sys.prefix}/share/jupyter/labextensions,
+## where JupyterLab finds it enabled). $(LABEXT)/sources.sha256 names the sources it was
+## built from; when they change, this rebuilds it: npm ci, tsc, then @jupyterlab/builder
+## against the installed JupyterLab's core packages (Node.js from apt-get if missing).
 LABEXT := labextension/clamor_labextension
-LABEXT_SOURCES := labextension/package.json labextension/tsconfig.json \
-  $(wildcard labextension/src/*.ts labextension/style/*)
-labextension/node_modules/.package-lock.json: labextension/package-lock.json
-	@command -v npm >/dev/null || { \
-	  echo "installing Node.js and npm (apt-get)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
-	cd labextension && npm ci --no-audit --no-fund --loglevel=error
-
-$(LABEXT)/package.json: labextension/node_modules/.package-lock.json $(LABEXT_SOURCES)
-	@$(PYTHON) -c "import jupyterlab" 2>/dev/null || $(PIP) install -q 'jupyterlab>=4.0.2'
-	rm -rf $(LABEXT) labextension/lib
-	staging=$$($(PYTHON) -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))') \
-	  && cd labextension && JUPYTERLAB_STAGING="$$staging" npm run --silent build
-	@test -f $@
-
+LABEXT_SOURCES = $(shell LC_ALL=C ls labextension/package.json labextension/package-lock.json \
+  labextension/tsconfig.json labextension/install.json labextension/src/*.ts labextension/style/* | LC_ALL=C sort)
 .PHONY: labextension
-labextension: $(LABEXT)/package.json
+labextension:
+	@want=$$(cat $(LABEXT_SOURCES) | sha256sum | cut -d' ' -f1); \
+	if [ "$$want" != "$$(cat $(LABEXT)/sources.sha256 2>/dev/null)" ]; then \
+	  echo "building the JupyterLab extension (its sources changed)"; \
+	  command -v npm >/dev/null || { echo "installing Node.js and npm (apt-get)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }; \
+	  $(PYTHON) -c "import jupyterlab" 2>/dev/null || $(PIP) install -q 'jupyterlab>=4.0.2'; \
+	  (cd labextension && npm ci --no-audit --no-fund --loglevel=error) || exit 1; \
+	  rm -rf $(LABEXT) labextension/lib; \
+	  staging=$$($(PYTHON) -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))'); \
+	  (cd labextension && JUPYTERLAB_STAGING="$$staging" npm run --silent build) || exit 1; \
+	  echo "$$want" > $(LABEXT)/sources.sha256; \
+	fi
 
 $(STAMP): pyproject.toml setup.py runtime/paging/native/*.c runtime/paging/native/*.h runtime/paging/native/build.py
 	@command -v gcc >/dev/null && [ -f /usr/include/openssl/hmac.h ] || { \
@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml setup.py runtime/paging/native/*.c runtime/paging/nativ
 ## An editable install copies no data files, so the prebuilt JupyterLab extension is
 ## copied into this environment (or the user's Jupyter directory) instead
 ## (labextension/develop.py). Cheap: run every time, so a rebuild is picked up.
-install: $(STAMP) $(LABEXT)/package.json
+install: $(STAMP) labextension
 	@$(PYTHON) labextension/develop.py --sys-prefix 2>/dev/null || $(PYTHON) labextension/develop.py --user
 
 ## The "Clamor (Python 3)" Jupyter kernelspec, into this environment (or the user's
@@ -95,7 +95,7 @@ test: kernelspec test-deps
 ## (testing/oldest-versions.txt), in a virtual environment of their own, so the floors
 ## stay true. Editable like the main install: both use the native module built in place.
 OLDEST_VENV ?= .venv-oldest
-test-oldest: test-deps $(LABEXT)/package.json
+test-oldest: test-deps labextension
 	@[ -x $(OLDEST_VENV)/bin/python ] || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install -q -c testing/oldest-versions.txt -e '.[test]'
 	@$(OLDEST_VENV)/bin/python -m clamor.kernel.cli install-kernel --sys-prefix >/dev/null
@@ -147,4 +147,4 @@ proto:
 
 clean:
 	rm -rf build *.egg-info runtime/paging/native/_native*.so $(STAMP) $(OLDEST_VENV)
-	rm -rf $(LABEXT) labextension/lib labextension/node_modules
+	rm -rf labextension/lib labextension/node_modules  # $(LABEXT) is committed

@@ -1,7 +1,8 @@
 """The JupyterLab extension (labextension/) is installed and enabled: JupyterLab lists it
 "enabled OK" in this environment, and a wheel ships the prebuilt files where JupyterLab
-looks. ``make install`` builds it (npm ci, tsc, @jupyterlab/builder) and copies the build
-into this environment (labextension/develop.py: an editable install copies no data files);
+looks. The build is committed; ``make labextension`` rebuilds it when its sources change
+(npm ci, tsc, @jupyterlab/builder), and ``make install`` copies it into this environment
+(labextension/develop.py: an editable install copies no data files);
 tests/extension/test_labextension_browser.py drives it in a browser."""
 
 from __future__ import annotations
@@ -50,3 +51,16 @@ def test_the_build_is_a_federated_extension_the_wheel_ships() -> None:
     assert data_files[dest] == ["labextension/clamor_labextension/package.json", "labextension/install.json"]
     assert data_files[f"{dest}/static"] == ["labextension/clamor_labextension/static/*"]
     assert json.loads((SOURCE / "install.json").read_text())["packageName"] == "clamor-jupyter"
+
+
+def test_the_committed_build_is_built_from_these_sources() -> None:
+    """The prebuilt extension is committed (so that `pip install ".[jupyter]"` ships it with
+    no Node.js); sources.sha256 names the sources it was built from, hashed as the
+    Makefile hashes them. Changed a source? `make labextension` rebuilds it."""
+    import hashlib
+
+    names = ["package.json", "package-lock.json", "tsconfig.json", "install.json"]
+    paths = [SOURCE / n for n in names] + list((SOURCE / "src").glob("*.ts")) + list((SOURCE / "style").iterdir())
+    ordered = sorted(paths, key=lambda p: str(p.relative_to(REPO)).encode())
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in ordered)).hexdigest()
+    assert (BUILT / "sources.sha256").read_text().strip() == digest, "run `make labextension`"
