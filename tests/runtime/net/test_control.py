@@ -479,6 +479,13 @@ class RecordingDriverPaging:
     def trim_versions(self, floor):
         return 0
 
+    def release(self, epoch):
+        self.events.append(("release", epoch))
+
+    def retain(self, epoch):
+        self.events.append(("retain", epoch))
+        return True
+
     def stats(self):
         return {"page_size": 4096}
 
@@ -506,7 +513,10 @@ def test_stage_protocol_drives_the_paging_seam(tmp_path, monkeypatch):
         assert c.last_read_sets == [[(0, 1)], [(1, 1)]]
         c.run(abs, 1, worker=1)  # epoch 2: nothing to invalidate
         assert c.last_read_sets == [[(1, 2)]]
-        c.run(abs, 1, worker=0, epoch=1)  # a replay at epoch 1 inside stage 3 (invalidates 30, 31)
+        assert ("release", 1) in paging.events  # nothing pinned epoch 1 when its stage ended
+        with c.keep_versions(1):  # ... so a replay asks for it back first
+            c.run(abs, 1, worker=0, epoch=1)  # a replay at epoch 1 inside stage 3 (invalidates 30, 31)
+        assert ("retain", 1) in paging.events
         assert c.last_read_sets == [[(0, 1)]]
         with pytest.raises(ZeroDivisionError):
             c.run(divmod, 1, 0, worker=0)  # stage 4 fails: end_stage all the same

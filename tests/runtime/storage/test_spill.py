@@ -32,6 +32,10 @@ def room_for(mib: int) -> int:
 
 #: Budgets giving worker 0 room for 4 partitions of 1 MiB and worker 1 for 12.
 BUDGETS = {0: room_for(4), 1: room_for(12)}
+#: The tests count on each block's 8 tasks running four per worker, as first placed: no
+#: straggler handling (on a loaded machine a task taken back from a "slow" worker, or a
+#: speculative copy still running, would tilt the next placement).
+STEADY = {"speculation": False, "speculation_factor": 1e6}
 
 
 def one_mib(r) -> np.ndarray:
@@ -69,7 +73,7 @@ def stats(cluster) -> dict[int, dict]:
 
 
 def test_partitions_over_a_budget_spill_to_the_peer_while_it_has_room_then_to_disk():
-    with clamor.Cluster(workers=2, worker_memory=BUDGETS) as cluster:
+    with clamor.Cluster(workers=2, worker_memory=BUDGETS, **STEADY) as cluster:
         a = persist_block(cluster, 0)
         assert {tier for _, tier in where(cluster, a)} == {"memory"}
         assert 4 * MiB <= stats(cluster)[0]["partition_budget"] < 4 * MiB + 64
@@ -98,7 +102,7 @@ def test_partitions_over_a_budget_spill_to_the_peer_while_it_has_room_then_to_di
 
 
 def test_a_spilled_partition_whose_holder_is_killed_is_recomputed_through_lineage():
-    with clamor.Cluster(workers=2, worker_memory=BUDGETS) as cluster:
+    with clamor.Cluster(workers=2, worker_memory=BUDGETS, **STEADY) as cluster:
         a = persist_block(cluster, 0)
         persist_block(cluster, 8)  # a's partitions on worker 0 spill to worker 1
         # a spill rides the worker's next TaskFinished: the last one may come just after
@@ -117,7 +121,7 @@ def test_a_spilled_partition_whose_holder_is_killed_is_recomputed_through_lineag
 
 
 def test_spill_to_disk_only_keeps_peers_out_of_it_and_gives_the_same_results():
-    with clamor.Cluster(workers=2, worker_memory=BUDGETS, spill="disk") as cluster:
+    with clamor.Cluster(workers=2, worker_memory=BUDGETS, **STEADY, spill="disk") as cluster:
         a = persist_block(cluster, 0)
         b = persist_block(cluster, 8)
         s = stats(cluster)
