@@ -22,26 +22,7 @@
  * replicate; a client whose redirect failed asks again with NO_REDIRECT. A
  * worker that evicts a page for room says so (CL_HAVE with CL_HAVE_DROPPED).
  *
- * The directory's layout, for up to CL_MAX_WORKERS (1,024) workers. A bitset per
- * page would be 128 bytes for every page of the arena (1 GiB for a 32 GiB arena of
- * 4 KiB pages), nearly all of it for pages with no or one holder; a list per page
- * would make hot pages, the ones replication is for, cost time per holder. So each
- * page has a 16-byte entry (dir_entry): the number of holders and, up to
- * DIR_INLINE (7) of them, their ids (uint16); a page with more holders than that
- * keeps them in a 1,024-bit bitmap of its own (holder_bits, 128 bytes) from a pool
- * in chunks, and the entry keeps the bitmap's index instead. Every operation is
- * bounded by a constant whatever the number of workers: a scan of at most 7 ids,
- * or of the bitmap's 16 words (add, drop, two random choices among the live
- * holders, count). Memory: 16 bytes per page (the old 64-bit set was 8), plus 128
- * bytes per page held by more than 7 workers at once; a bitmap goes back to the
- * pool when its page is invalidated or falls to DIR_INLINE / 2 holders (not at
- * DIR_INLINE: a page around 7 holders would take and return one all the time).
- * The entry of page p and its bitmap are guarded by p's stripe lock; the pool by
- * its own lock, taken inside a stripe lock. The directory is a hint: a holder it
- * misses costs a redirect (if the pool cannot grow, a holder past DIR_INLINE is
- * not recorded), one it wrongly lists costs the client a NOT_HELD and a retry with
- * NO_REDIRECT, never wrong bytes. Worker ids at or past CL_MAX_WORKERS are never
- * recorded (their clients are served like non-workers).
+ * The directory's layout is in directory.h.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -59,6 +40,7 @@
 #include "clamor.h"
 #include "page_server.h"
 #include "pager_common.h"
+#include "directory.h"
 #include "write_tracking.h"
 
 #define FL_PROTECTED 1
@@ -77,24 +59,7 @@ typedef struct {
     uint32_t ip, port;
 } peer;
 
-/* ----------------------------------------------------------- directory -- */
-
-#define DIR_INLINE 7
-#define DIR_WORDS (CL_MAX_WORKERS / 64)
-#define DIR_CHUNK 1024 /* holder bitmaps per pool chunk (128 KiB) */
-_Static_assert(CL_MAX_WORKERS % 64 == 0 && CL_MAX_WORKERS <= 65536, "holder ids are uint16, bitmaps whole words");
 _Static_assert(CL_MAX_WORKERS == CLAMOR_MAX_WORKERS, "protocol.h and api.h disagree on the worker limit");
-
-#define DIR_BIG 0x8000 /* in dir_entry.n: the holders are in a bitmap */
-typedef struct {
-    uint16_t n;               /* how many workers hold the page's current version, | DIR_BIG */
-    uint16_t id[DIR_INLINE];  /* their ids; with DIR_BIG, id[0] | id[1] << 16 is their bitmap */
-} dir_entry;
-_Static_assert(sizeof(dir_entry) == 16, "a directory entry is 16 bytes");
-
-typedef struct {
-    uint64_t w[DIR_WORDS];
-} holder_bits;
 
 static struct {
     int running;
@@ -106,12 +71,7 @@ static struct {
     _Atomic uint64_t *state; /* version << 1 | dirty; read by same-host workers */
     uint32_t *version;
     uint8_t *flags;
-    dir_entry *dir;          /* per page: its holders (the directory above) */
-    _Atomic uint64_t dir_end; /* pages at or past it have never had a holder */
-    holder_bits **chunks;    /* the pool of holder bitmaps, DIR_CHUNK per chunk */
-    uint64_t max_chunks;     /* enough for a bitmap for every page */
-    uint32_t bits_used, bits_free; /* bitmaps handed out ever; the free list's head + 1 (0: empty) */
-    pthread_mutex_t pool;
+    cl_dir dir; /* which workers hold each page (directory.h) */
     uint64_t *requests, *driver_bytes, *peer_bytes;
     logent **log;
     cl_stripes stripes;
@@ -124,8 +84,6 @@ static struct {
     uint64_t *inval, ninval, inval_cap;
     int replication;
     peer peers[CL_MAX_WORKERS];
-    _Atomic uint64_t live[DIR_WORDS]; /* workers with a page server to redirect to */
-    uint64_t redirect_load[CL_MAX_WORKERS];
     cl_server *server;
     cl_tls_ctx *tls; /* NULL: plaintext page protocol */
     clamor_driver_stats st;
@@ -144,13 +102,6 @@ static pthread_rwlock_t api = PTHREAD_RWLOCK_INITIALIZER;
 #define API_WRITE() pthread_rwlock_wrlock(&api)
 #define API_DONE() pthread_rwlock_unlock(&api)
 
-static uint64_t rnd(void) {
-    static __thread uint64_t s;
-    if (!s && getrandom(&s, sizeof s, 0) != sizeof s) s = (uint64_t)(uintptr_t)&s;
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    return s;
-}
-
 static int write_protect(uint64_t first, uint64_t n, int on) {
     struct uffdio_writeprotect wp = {
         .range = {(uint64_t)(uintptr_t)(D.base + first * D.ps), n * D.ps},
@@ -162,165 +113,6 @@ static int write_protect(uint64_t first, uint64_t n, int on) {
         return -1;
     }
     return 0;
-}
-
-/* Directory operations. Page p's stripe lock is held for all but the pool's. */
-
-static holder_bits *bits_at(uint32_t i) { return &D.chunks[i / DIR_CHUNK][i % DIR_CHUNK]; }
-
-/* A zeroed bitmap's index, or UINT32_MAX when memory is out. */
-static uint32_t bits_take(void) {
-    uint32_t i = UINT32_MAX;
-    pthread_mutex_lock(&D.pool);
-    if (D.bits_free) {
-        i = D.bits_free - 1;
-        D.bits_free = (uint32_t)bits_at(i)->w[0];
-    } else if ((uint64_t)D.bits_used / DIR_CHUNK < D.max_chunks) {
-        uint32_t c = D.bits_used / DIR_CHUNK;
-        if (!D.chunks[c] && (D.chunks[c] = malloc(DIR_CHUNK * sizeof(holder_bits))))
-            ADD(directory_bytes, DIR_CHUNK * sizeof(holder_bits));
-        if (D.chunks[c]) i = D.bits_used++;
-    }
-    pthread_mutex_unlock(&D.pool);
-    if (i != UINT32_MAX) {
-        memset(bits_at(i), 0, sizeof(holder_bits));
-        ADD(holder_bitmaps, 1);
-    }
-    return i;
-}
-
-static void bits_give(uint32_t i) {
-    pthread_mutex_lock(&D.pool);
-    bits_at(i)->w[0] = D.bits_free; /* the free list goes through the first word */
-    D.bits_free = i + 1;
-    pthread_mutex_unlock(&D.pool);
-    __atomic_fetch_sub(&D.st.holder_bitmaps, 1, __ATOMIC_RELAXED);
-}
-
-static uint32_t big_of(const dir_entry *e) { return (uint32_t)e->id[0] | (uint32_t)e->id[1] << 16; }
-static holder_bits *big(const dir_entry *e) { return e->n & DIR_BIG ? bits_at(big_of(e)) : NULL; }
-static uint16_t holders_of(const dir_entry *e) { return __atomic_load_n(&e->n, __ATOMIC_RELAXED) & ~DIR_BIG; }
-
-static int dir_has(const dir_entry *e, uint32_t w) {
-    holder_bits *b = big(e);
-    if (b) return (int)(b->w[w / 64] >> (w % 64) & 1);
-    for (int i = 0; i < e->n; i++)
-        if (e->id[i] == w) return 1;
-    return 0;
-}
-
-static void dir_add(uint64_t p, uint32_t w) {
-    if (w >= CL_MAX_WORKERS) return;
-    dir_entry *e = &D.dir[p];
-    if (dir_has(e, w)) return;
-    holder_bits *b = big(e);
-    if (!b && e->n == DIR_INLINE) { /* the 8th holder: the page moves to a bitmap */
-        uint32_t i = bits_take();
-        if (i == UINT32_MAX) return; /* a hint lost: see the header */
-        b = bits_at(i);
-        for (int k = 0; k < DIR_INLINE; k++) b->w[e->id[k] / 64] |= 1ull << (e->id[k] % 64);
-        e->id[0] = (uint16_t)i, e->id[1] = (uint16_t)(i >> 16);
-        e->n |= DIR_BIG;
-    }
-    if (b) b->w[w / 64] |= 1ull << (w % 64);
-    else e->id[e->n] = (uint16_t)w;
-    __atomic_store_n(&e->n, e->n + 1, __ATOMIC_RELAXED); /* read unlocked: holders_of */
-    uint64_t end = atomic_load_explicit(&D.dir_end, memory_order_relaxed);
-    while (p + 1 > end && !atomic_compare_exchange_weak(&D.dir_end, &end, p + 1)) {}
-}
-
-static void dir_remove(uint64_t p, uint32_t w) {
-    if (w >= CL_MAX_WORKERS) return;
-    dir_entry *e = &D.dir[p];
-    holder_bits *b = big(e);
-    if (!b) {
-        for (int i = 0; i < e->n; i++)
-            if (e->id[i] == w) {
-                e->id[i] = e->id[e->n - 1];
-                __atomic_store_n(&e->n, e->n - 1, __ATOMIC_RELAXED);
-                return;
-            }
-        return;
-    }
-    uint64_t bit = 1ull << (w % 64);
-    if (!(b->w[w / 64] & bit)) return;
-    b->w[w / 64] &= ~bit;
-    uint16_t n = e->n - 1; /* still | DIR_BIG */
-    if ((n & ~DIR_BIG) <= DIR_INLINE / 2) { /* few enough to be inline again */
-        uint32_t i = big_of(e), k = 0;
-        for (int j = 0; j < DIR_WORDS; j++)
-            for (uint64_t x = b->w[j]; x; x &= x - 1) e->id[k++] = (uint16_t)(j * 64 + __builtin_ctzll(x));
-        bits_give(i);
-        n = (uint16_t)k;
-    }
-    __atomic_store_n(&e->n, n, __ATOMIC_RELAXED);
-}
-
-static void dir_clear(uint64_t p) {
-    dir_entry *e = &D.dir[p];
-    if (e->n & DIR_BIG) bits_give(big_of(e));
-    __atomic_store_n(&e->n, 0, __ATOMIC_RELAXED);
-}
-
-/* Page p's holders, ascending, into out (room for CL_MAX_WORKERS); returns how many. */
-static uint32_t dir_list(uint64_t p, uint16_t *out) {
-    const dir_entry *e = &D.dir[p];
-    holder_bits *b = big(e);
-    uint32_t k = 0;
-    if (b) {
-        for (int j = 0; j < DIR_WORDS; j++)
-            for (uint64_t x = b->w[j]; x; x &= x - 1) out[k++] = (uint16_t)(j * 64 + __builtin_ctzll(x));
-        return k;
-    }
-    for (; k < e->n; k++) { /* insertion sort of at most 7 */
-        uint16_t v = e->id[k];
-        uint32_t j = k;
-        for (; j && out[j - 1] > v; j--) out[j] = out[j - 1];
-        out[j] = v;
-    }
-    return k;
-}
-
-static int is_live(uint32_t w) {
-    return (int)(atomic_load_explicit(&D.live[w / 64], memory_order_acquire) >> (w % 64) & 1);
-}
-
-/* The k-th (from 0) set bit of x; x has more than k. */
-static uint32_t nth_bit(uint64_t x, uint32_t k) {
-    while (k--) x &= x - 1;
-    return (uint32_t)__builtin_ctzll(x);
-}
-
-/* A holder of page p other than `client` to redirect it to: two random choices among the
- * live ones, the one with fewer redirects so far wins. -1: none. */
-static int64_t dir_pick(uint64_t p, uint32_t client) {
-    const dir_entry *e = &D.dir[p];
-    holder_bits *b = big(e);
-    uint32_t choice[2];
-    if (!b) {
-        uint32_t cand[DIR_INLINE], n = 0;
-        for (int i = 0; i < e->n; i++)
-            if (e->id[i] != client && is_live(e->id[i])) cand[n++] = e->id[i];
-        if (!n) return -1;
-        for (int k = 0; k < 2; k++) choice[k] = cand[rnd() % n];
-    } else {
-        uint64_t m[DIR_WORDS];
-        uint32_t n = 0;
-        for (int j = 0; j < DIR_WORDS; j++) {
-            m[j] = b->w[j] & atomic_load_explicit(&D.live[j], memory_order_acquire);
-            if ((uint32_t)j == client / 64) m[j] &= ~(1ull << (client % 64));
-            n += (uint32_t)__builtin_popcountll(m[j]);
-        }
-        if (!n) return -1;
-        for (int k = 0; k < 2; k++) {
-            uint32_t r = (uint32_t)(rnd() % n), j = 0;
-            for (uint32_t c; r >= (c = (uint32_t)__builtin_popcountll(m[j])); j++) r -= c;
-            choice[k] = j * 64 + nth_bit(m[j], r);
-        }
-    }
-    uint32_t c = D.redirect_load[choice[0]] <= D.redirect_load[choice[1]] ? choice[0] : choice[1];
-    __atomic_fetch_add(&D.redirect_load[c], 1, __ATOMIC_RELAXED);
-    return c;
 }
 
 /* ------------------------------------------------------ write tracking -- */
@@ -514,13 +306,13 @@ static uint32_t begin_stage(void) {
         pthread_mutex_lock(m);
         if (D.flags[p] & FL_WRITTEN) ADD(pages_written, 1);
         if ((D.flags[p] & FL_DIRTY) && D.log[p]) D.log[p]->valid_until = E - 1;
-        if (D.dir[p].n) {
+        if (cl_dir_count(&D.dir, p)) {
             if (D.ninval == D.inval_cap) {
                 D.inval_cap = D.inval_cap ? 2 * D.inval_cap : 1024;
                 D.inval = realloc(D.inval, D.inval_cap * sizeof *D.inval);
             }
             D.inval[D.ninval++] = p;
-            dir_clear(p);
+            cl_dir_clear(&D.dir, p);
         }
         D.version[p] = E;
         D.flags[p] = FL_PROTECTED;
@@ -665,10 +457,10 @@ static void answer(void *ctx, uint32_t client, const cl_msg *req, uint64_t p, in
     pthread_mutex_t *m = cl_stripe(&D.stripes, p);
     pthread_mutex_lock(m);
     D.requests[p]++;
-    if (req->aux2 && req->aux2 <= CL_MAX_WORKERS) dir_remove(p, req->aux2 - 1); /* its redirect failed */
+    if (req->aux2 && req->aux2 <= CL_MAX_WORKERS) cl_dir_remove(&D.dir, p, req->aux2 - 1); /* its redirect failed */
     int worker = client < CL_MAX_WORKERS;
-    if (D.version[p] <= E && may_redirect && D.replication && worker && D.dir[p].n) {
-        int64_t pick = dir_pick(p, client);
+    if (D.version[p] <= E && may_redirect && D.replication && worker && cl_dir_count(&D.dir, p)) {
+        int64_t pick = cl_dir_pick(&D.dir, p, client);
         if (pick >= 0) {
             uint32_t peer_id = (uint32_t)pick;
             a->kind = CL_ANSWER_REDIRECT;
@@ -682,7 +474,7 @@ static void answer(void *ctx, uint32_t client, const cl_msg *req, uint64_t p, in
         }
     }
     resolve(p, E, buf, a);
-    if (worker && a->version == D.version[p]) dir_add(p, client);
+    if (worker && a->version == D.version[p]) cl_dir_add(&D.dir, p, client);
     D.driver_bytes[p] += D.ps;
     pthread_mutex_unlock(m);
 }
@@ -695,12 +487,12 @@ static void have(void *ctx, uint32_t client, const cl_msg *msg) {
     pthread_mutex_t *m = cl_stripe(&D.stripes, p);
     pthread_mutex_lock(m);
     if (msg->flags & CL_HAVE_DROPPED) {
-        dir_remove(p, client);
+        cl_dir_remove(&D.dir, p, client);
         pthread_mutex_unlock(m);
         ADD(evictions_told, 1);
         return;
     }
-    if (D.version[p] == msg->epoch) dir_add(p, client); /* ignores ids past the limit */
+    if (D.version[p] == msg->epoch) cl_dir_add(&D.dir, p, client); /* ignores ids past the limit */
     if (msg->aux == 0) {
         D.requests[p]++;
         D.driver_bytes[p] += D.ps;
@@ -718,9 +510,7 @@ static void free_tables(void) {
     if (D.log)
         for (uint64_t p = 0; p < D.npages; p++)
             for (logent *e = D.log[p], *next; e; e = next) next = e->next, free(e);
-    if (D.chunks)
-        for (uint64_t c = 0; c < D.max_chunks; c++) free(D.chunks[c]);
-    free(D.chunks), free(D.dir);
+    cl_dir_free(&D.dir);
     free(D.log), free(D.version), free(D.flags), free(D.requests);
     free(D.driver_bytes), free(D.peer_bytes), free(D.inval);
     if (D.state) munmap((void *)D.state, D.npages * sizeof *D.state);
@@ -758,16 +548,12 @@ static int start(uint64_t page_size, const uint8_t *token, size_t token_len, con
     pthread_mutex_init(&D.stage, NULL);
     D.version = calloc(D.npages, sizeof *D.version);
     D.flags = calloc(D.npages, 1);
-    D.dir = calloc(D.npages, sizeof *D.dir);
-    D.max_chunks = (D.npages + DIR_CHUNK - 1) / DIR_CHUNK;
-    D.chunks = calloc(D.max_chunks, sizeof *D.chunks);
-    pthread_mutex_init(&D.pool, NULL);
-    D.st.directory_bytes = D.npages * sizeof *D.dir + D.max_chunks * sizeof *D.chunks;
+    int dir_ok = cl_dir_init(&D.dir, D.npages, &D.st.directory_bytes, &D.st.holder_bitmaps) == 0;
     D.requests = calloc(D.npages, sizeof *D.requests);
     D.driver_bytes = calloc(D.npages, sizeof *D.driver_bytes);
     D.peer_bytes = calloc(D.npages, sizeof *D.peer_bytes);
     D.log = calloc(D.npages, sizeof *D.log);
-    if (!D.version || !D.flags || !D.dir || !D.chunks || !D.requests || !D.driver_bytes || !D.peer_bytes || !D.log) {
+    if (!D.version || !D.flags || !dir_ok || !D.requests || !D.driver_bytes || !D.peer_bytes || !D.log) {
         free_tables();
         return CL_ERR("out of memory for the page tables of %llu pages", (unsigned long long)D.npages);
     }
@@ -878,7 +664,7 @@ int clamor_driver_set_peer(int id, const char *host, int port) {
     int rc = -1;
     if (D.running) {
         D.peers[id] = (peer){ip, (uint32_t)port};
-        atomic_fetch_or_explicit(&D.live[id / 64], 1ull << (id % 64), memory_order_release);
+        cl_dir_set_live(&D.dir, (uint32_t)id, 1);
         rc = 0;
     }
     API_DONE();
@@ -889,16 +675,16 @@ void clamor_driver_drop_worker(int id) {
     if (id < 0 || id >= CL_MAX_WORKERS) return;
     API_READ();
     if (D.running) {
-        atomic_fetch_and(&D.live[id / 64], ~(1ull << (id % 64))); /* no redirects to it from now on */
+        cl_dir_set_live(&D.dir, (uint32_t)id, 0); /* no redirects to it from now on */
         atomic_store(&cl_zap_slot_of(D.zap, id)->pid, 0); /* not waited for from now on */
         /* Pages with no holders are skipped unlocked; a page that gains one meanwhile
-         * gains a live worker (this one is no longer redirected to, see dir_pick). */
-        uint64_t end = atomic_load(&D.dir_end);
+         * gains a live worker (this one is no longer redirected to, see cl_dir_pick). */
+        uint64_t end = atomic_load(&D.dir.end);
         for (uint64_t p = 0; p < end; p++)
-            if (__atomic_load_n(&D.dir[p].n, __ATOMIC_RELAXED)) {
+            if (cl_dir_count(&D.dir, p)) {
                 pthread_mutex_t *m = cl_stripe(&D.stripes, p);
                 pthread_mutex_lock(m);
-                dir_remove(p, (uint32_t)id);
+                cl_dir_remove(&D.dir, p, (uint32_t)id);
                 pthread_mutex_unlock(m);
             }
     }
@@ -926,7 +712,7 @@ uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests
         requests[i] = D.requests[p] + (D.zap ? atomic_load_explicit(&cl_zap_maps(D.zap, D.npages)[p], memory_order_relaxed) : 0);
         driver_bytes[i] = D.driver_bytes[p];
         peer_bytes[i] = D.peer_bytes[p];
-        holders[i] = holders_of(&D.dir[p]);
+        holders[i] = cl_dir_count(&D.dir, p);
         version[i] = D.version[p];
     }
     API_DONE();
@@ -943,7 +729,7 @@ uint64_t clamor_driver_page_holders(uint64_t first, uint64_t n, uint32_t *counts
             uint64_t p = first + i;
             pthread_mutex_t *m = cl_stripe(&D.stripes, p);
             pthread_mutex_lock(m);
-            k = dir_list(p, one);
+            k = cl_dir_list(&D.dir, p, one);
             pthread_mutex_unlock(m);
         }
         counts[i] = k;
