@@ -171,7 +171,7 @@ def test_a_worker_that_maps_pages_in_place_gives_its_budget_to_partitions():
 def test_tasks_over_an_arena_array_go_where_its_pages_are_cached():
     """Placement by pages: a partition of an arena array runs on the worker caching its
     pages (by the driver's directory), whatever the worker-by-room order would say."""
-    with clamor.Cluster(workers=2, transport="tcp") as cluster:
+    with clamor.Cluster(workers=2, transport="tcp", **STEADY) as cluster:
         x = clamor.array(8 * MiB // 8, np.float64)
         x[:] = np.arange(len(x)) % 7
         ds = cluster.parallelize(x, partitions=8)
