@@ -93,16 +93,24 @@ static int fetch_shm(uint64_t p, uint32_t E, uint32_t *v) {
     return 0;
 }
 
-static int fetch_peer(uint32_t peer, uint32_t ip, uint32_t port, uint64_t p, uint32_t E,
-                      uint32_t *v, uint32_t *hi) {
-    if (peer >= CL_MAX_WORKERS || peer == (uint32_t)W.id) return -1;
+/* The connection to peer `peer` at ip:port (kept between requests, made anew when the
+ * peer's address changed); NULL if it is this worker, out of range or unreachable. */
+static int *peer_connection(uint32_t peer, uint32_t ip, uint32_t port) {
+    if (peer >= CL_MAX_WORKERS || peer == (uint32_t)W.id) return NULL;
     int *fd = &W.peer_fd[peer];
     if (*fd >= 0 && (W.peer_ip[peer] != ip || W.peer_port[peer] != port)) cl_close(*fd), *fd = -1;
     if (*fd < 0) {
         *fd = connect_authenticated(ip, (int)port, PEER_TIMEOUT_MS);
-        if (*fd < 0) return -1;
+        if (*fd < 0) return NULL;
         W.peer_ip[peer] = ip, W.peer_port[peer] = port;
     }
+    return fd;
+}
+
+static int fetch_peer(uint32_t peer, uint32_t ip, uint32_t port, uint64_t p, uint32_t E,
+                      uint32_t *v, uint32_t *hi) {
+    int *fd = peer_connection(peer, ip, port);
+    if (!fd) return -1;
     cl_msg g = cl_make(CL_GET, p, E, 1), m;
     g.flags = CL_GET_NO_REDIRECT;
     if (cl_send_msg(*fd, &g, NULL) || cl_recv_msg(*fd, &m)) goto broken;
@@ -292,14 +300,8 @@ io_error:
  * flight at once. Returns how many it installed; the rest are left to the caller. */
 static uint64_t fetch_from_peer(const redirected *r, uint64_t n, uint32_t E, int prefetch) {
     uint32_t peer = r[0].peer;
-    if (peer >= CL_MAX_WORKERS || peer == (uint32_t)W.id) return 0;
-    int *fd = &W.peer_fd[peer];
-    if (*fd >= 0 && (W.peer_ip[peer] != r[0].ip || W.peer_port[peer] != r[0].port)) cl_close(*fd), *fd = -1;
-    if (*fd < 0) {
-        *fd = connect_authenticated(r[0].ip, (int)r[0].port, PEER_TIMEOUT_MS);
-        if (*fd < 0) return 0;
-        W.peer_ip[peer] = r[0].ip, W.peer_port[peer] = r[0].port;
-    }
+    int *fd = peer_connection(peer, r[0].ip, r[0].port);
+    if (!fd) return 0;
     for (uint64_t i = 0; i < n; i++) {
         cl_msg g = cl_make(CL_GET, r[i].page, E, 1);
         g.flags = CL_GET_NO_REDIRECT;
