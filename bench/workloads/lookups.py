@@ -17,8 +17,10 @@ returns ``table[keys].sum()``.
 One repetition, end to end from a table in the driver's memory to every task's result:
 
 * clamor: the table is a ``clamor.empty`` arena array; ``cluster.run_stage`` with the
-  tasks placed round-robin on the 2 workers, each shipping a reference; workers fault in
-  the pages they touch. Every repetition gets a fresh cluster (cold worker caches;
+  tasks placed round-robin on the 2 workers, each shipping a reference; a task first
+  calls ``clamor.prefetch(table, keys)`` (it knows its keys: on the driver's host that
+  maps just the OS pages of its keys in one call, across hosts it streams the pages),
+  then does the lookups; ``--no-prefetch``: workers fault in the pages they touch. Every repetition gets a fresh cluster (cold worker caches;
   starting it is not timed, as no peer's start is). Bytes moved: the driver's counters
   ``bytes_served_by_driver + bytes_served_by_peers``.
 * dask: ``client.scatter(table, broadcast=True, hash=False)``, then ``client.submit``
@@ -82,6 +84,14 @@ def _lookup(table, keys):
     return int(table[keys].sum()), os.getpid()
 
 
+def _lookup_prefetched(table, keys):
+    """Clamor's task: the same, after asking for the pages of its keys in one call."""
+    import clamor
+
+    clamor.prefetch(table, keys)
+    return _lookup(table, keys)
+
+
 def key_sets(pages: int, per_page: int, fraction: float, tasks: int, lookups: int,
              seed: int) -> tuple[list[np.ndarray], np.ndarray]:  # fmt: skip
     """``tasks`` key arrays of ``lookups`` keys touching exactly ``round(fraction x pages)``
@@ -130,7 +140,8 @@ def measure(system: str, rows, p: dict) -> None:
                 before = s.moved()
                 t = time.perf_counter()
                 h = s.broadcast(table)
-                out = s.map(_lookup, h, [(k,) for k in keys])
+                task = _lookup_prefetched if system == "clamor" and p["prefetch"] else _lookup
+                out = s.map(task, h, [(k,) for k in keys])
                 secs.append(time.perf_counter() - t)
                 r, m = worker_memory(out)
                 rss.append(r)
@@ -216,6 +227,8 @@ def main() -> None:
     ap.add_argument("--lookups", type=int, default=None,
                     help="lookups per task (2 x pages / tasks)")  # fmt: skip
     ap.add_argument("--page-size", type=int, default=256 << 10, help="bytes (256 KiB)")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="Clamor's tasks fault their pages in one by one (no clamor.prefetch)")
     network.add_network_argument(ap)
     args = ap.parse_args()
     network.check_rate(ap, args.network)
@@ -224,7 +237,8 @@ def main() -> None:
     p = {"table_bytes": pages * args.page_size, "page_size": args.page_size,
          "tasks": args.tasks, "lookups": args.lookups or -(-2 * pages // args.tasks),
          "repeat": args.repeat or (2 if args.quick else 3), "workers": WORKERS,
-         "fractions": list(FRACTIONS), "dtype": "int64", "network": args.network}  # fmt: skip
+         "fractions": list(FRACTIONS), "dtype": "int64", "network": args.network,
+         "prefetch": not args.no_prefetch}  # fmt: skip
     if args.child:
         child_main(args.child, args.child_out, CASES, lambda sy, rows: measure(sy, rows, p))
         return
@@ -233,6 +247,7 @@ def main() -> None:
     argv = [f"--table-mib={table_mib}", f"--tasks={args.tasks}", f"--lookups={p['lookups']}",
             f"--page-size={args.page_size}", f"--repeat={p['repeat']}"]  # fmt: skip
     argv += [f"--network={args.network}"] if args.network else []
+    argv += ["--no-prefetch"] if args.no_prefetch else []
     t0 = time.perf_counter()
     try:
         rows = run_all(Path(__file__).resolve(), chosen, argv, CASES, args.timeout, args.wait_idle)

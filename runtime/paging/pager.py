@@ -24,6 +24,7 @@ ffi, lib = _native.ffi, _native.lib
 TRANSPORTS = ("auto", "shm", "shm-copy", "tcp")
 _ERRLEN = 512
 MIN_CACHE_PAGES = 4  # a non-zero page-cache budget is never below this many pages
+OS_PAGE = os.sysconf("SC_PAGE_SIZE")
 #: Worker ids are ``0 .. MAX_WORKERS - 1`` (1,024): the driver's page directory records
 #: holders as 16-bit ids with a 1,024-bit set per hot page, and same-host zero copy has
 #: one shoot-down slot per id (native/api.h: CLAMOR_MAX_WORKERS).
@@ -360,6 +361,14 @@ class WorkerPager:
             return 0
         return int(lib.clamor_worker_prefetch(ffi.from_buffer("uint64_t[]", pages), len(pages)))
 
+    def prefetch_pieces(self, pieces: np.ndarray) -> int:
+        """Like :meth:`prefetch` for OS pages (sorted, unique OS page numbers of the
+        arena): on the driver's host just those are mapped, not whole arena pages."""
+        pieces = np.ascontiguousarray(pieces, dtype=np.uint64)
+        if not len(pieces):
+            return 0
+        return int(lib.clamor_worker_prefetch_pieces(ffi.from_buffer("uint64_t[]", pieces), len(pieces)))
+
     def touch(self, offset: int, length: int) -> None:
         """Fault in [offset, offset + length) now, e.g. before handing it to a system call."""
         if lib.clamor_worker_touch(offset, length):
@@ -435,6 +444,9 @@ def prefetch(array: np.ndarray, index: Any = None) -> int:
         return 0
     row_bytes = max(1, array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64)))
     begin = start + rows.astype(np.int64) * array.strides[0]
+    if row_bytes <= OS_PAGE < ps:  # small rows: just the OS pages they lie on
+        first, last = begin // OS_PAGE, (begin + row_bytes - 1) // OS_PAGE
+        return pager.prefetch_pieces(np.unique(np.concatenate([first, last])))
     first, last = begin // ps, (begin + row_bytes - 1) // ps
     if int((last - first).max()) <= 1:
         pages = np.concatenate([first, last])

@@ -189,6 +189,9 @@ void clamor_worker_set_cache_limit(uint64_t pages);
  * read set: mapped from the driver (same host), from the cache, or fetched from the driver
  * with many requests in flight. Returns how many are resident; the others fault as usual. */
 uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n);
+/* The same for the OS pages a task reads (sorted, unique OS page numbers within the
+ * arena): on the driver's host only those are mapped, not whole arena pages. */
+uint64_t clamor_worker_prefetch_pieces(const uint64_t *pieces, uint64_t n);
 
 /* ---------------------------------------------------------- checkpoints --
  * (runtime/data/checkpoint.py; issue 4 item 5) Save and re-create the arena's

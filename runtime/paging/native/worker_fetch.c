@@ -367,7 +367,7 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
         uint32_t v, hi;
         if (p >= W.npages || (i && p <= pages[i - 1])) continue; /* sorted and unique only */
         mark_touched(p);
-        if (W.zero_copy && map_direct(p, E, 0) == 0) {
+        if (W.zero_copy && map_direct(p, E, 0, 0) == 0) {
             ADD(prefetched_pages, 1), done++;
         } else if (cached_for(p, E, &v, &hi) == 1) {
             referenced(p);
@@ -383,5 +383,34 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
     if (m) done += fetch_missing(missing, m, E, 1);
     pthread_mutex_unlock(&W.fetch_lock);
     free(missing);
+    return done;
+}
+
+/* Prefetch of the OS pages a task reads (sorted, unique OS page numbers of the arena):
+ * on the driver's host each is mapped in place alone, one page-table entry per looked-up
+ * row instead of a fault each; a page that needs a copy, or any page on a copying worker,
+ * goes through clamor_worker_prefetch whole. Returns how many arena pages are resident. */
+uint64_t clamor_worker_prefetch_pieces(const uint64_t *pieces, uint64_t n) {
+    if (!W.running || !n) return 0;
+    const uint64_t os_page = (uint64_t)sysconf(_SC_PAGESIZE), per = W.ps / os_page;
+    uint64_t *whole = malloc(n * sizeof *whole), k = 0, done = 0, last = UINT64_MAX;
+    if (!whole) return 0;
+    uint32_t E = atomic_load(&W.epoch);
+    for (uint64_t i = 0, j; i < n; i = j) {
+        uint64_t p = pieces[i] / per;
+        for (j = i + 1; j < n && pieces[j] == pieces[j - 1] + 1 && pieces[j] / per == p;) j++;
+        if (p >= W.npages) break;
+        if (W.zero_copy) {
+            mark_touched(p);
+            uint64_t at = (uint64_t)(uintptr_t)W.ro + pieces[i] * os_page;
+            if (map_direct(p, E, at, (j - i) * os_page) == 0) {
+                if (p != last) ADD(prefetched_pages, 1), done++, last = p;
+                continue;
+            }
+        }
+        if (!k || whole[k - 1] != p) whole[k++] = p;
+    }
+    if (k) done += clamor_worker_prefetch(whole, k);
+    free(whole);
     return done;
 }

@@ -195,8 +195,9 @@ static int remap(uint64_t p, int fd) {
  * `at`: the faulting address, or 0 for the whole page (prefetch). A task's first
  * fault on a page larger than the OS page maps just the OS page around `at`: a
  * sparse lookup then installs one page-table entry, not 64 (256 KiB pages); a second
- * fault on the page (a scan) maps all of it. */
-int map_direct(uint64_t p, uint32_t E, uint64_t at) {
+ * fault on the page (a scan) maps all of it. `len` > 0: map exactly the OS pages of
+ * [at, at + len) (a prefetch that knows which bytes the task reads). */
+int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len) {
     const uint64_t bit = 1ull << (p & 63);
     int mapped = 0, was_private = 0;
     pthread_mutex_lock(&W.map_lock);
@@ -220,7 +221,10 @@ int map_direct(uint64_t p, uint32_t E, uint64_t at) {
             } else {
                 ADD(soft_faults, 1);
             }
-            if (at && first && !was_private && W.ps > os_page) {
+            if (len && !was_private) {
+                uint64_t lo = at & ~(os_page - 1), hi = (at + len + os_page - 1) & ~(os_page - 1);
+                mapped = try_map_range(lo, hi, 1) == 0;
+            } else if (at && first && !was_private && W.ps > os_page) {
                 at &= ~(os_page - 1);
                 mapped = try_map_range(at, at + os_page, 1) == 0;
                 ADD(subpage_maps, 1);
@@ -289,7 +293,7 @@ void mark_touched(uint64_t p) {
 static int resolve_locally(uint64_t p, uint64_t flags, uint64_t addr) {
     mark_touched(p);
     uint32_t E = atomic_load(&W.epoch), v, hi;
-    if (W.zero_copy && map_direct(p, E, addr) == 0) return 1;
+    if (W.zero_copy && map_direct(p, E, addr, 0) == 0) return 1;
     int state = cached_for(p, E, &v, &hi);
     if (state == 1) {
         if (flags & UFFD_PAGEFAULT_FLAG_MINOR) ADD(soft_faults, 1);

@@ -83,7 +83,7 @@ int evict(uint64_t p, int tell);
 void install(uint64_t p, uint32_t v, uint32_t hi);
 void make_room(uint64_t keep);
 void map_cached(uint64_t p);
-int map_direct(uint64_t p, uint32_t E, uint64_t at);
+int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len);
 /* Fetches pages (sorted, none cached for E) as pipelined streams from the driver and
  * the peers it redirects to, and maps them; how many it installed. Fetch lock held. */
 uint64_t fetch_missing(const uint64_t *pages, uint64_t n, uint32_t E, int prefetch);

@@ -64,11 +64,14 @@ def test_prefetched_pages_are_the_faulted_ones_over_tcp(table, indices, page_siz
         assert w1["prefetch_requests"] < len(faulted_reads)
 
 
-def test_prefetch_reads_the_tasks_epoch(table):
-    x = clamor.array(64 * (4 << 10) // 8, np.int64)
+@pytest.mark.parametrize("transport, page_size", [("tcp", 4 << 10), ("auto", 256 << 10)])
+def test_prefetch_reads_the_tasks_epoch(table, transport, page_size):
+    """Also on the driver's host, where the rows' OS pages map in place only while the
+    driver's bytes are the task's version: a replay at an older epoch gets copies."""
+    x = clamor.array(16 * page_size // 8, np.int64)
     x[:] = 1
     rows = np.arange(0, len(x), 512)
-    with clamor.Cluster(workers=1, page_size=4 << 10, transport="tcp") as cluster:
+    with clamor.Cluster(workers=1, page_size=page_size, transport=transport) as cluster:
         assert cluster.run(prefetch_then_gather, x, rows)[0] == len(rows)
         old = cluster.stats()["epoch"]
         with cluster.keep_versions(old):
@@ -84,6 +87,37 @@ def test_on_the_drivers_host_prefetch_maps_in_place(table, indices):
     assert got == int(table[indices].sum())
     assert resident == stats["pages_mapped"] == stats["prefetched_pages"] > 0
     assert stats["pages_fetched"] == 0 and stats["faults"] == 0
+
+
+def present(a: np.ndarray, rows) -> list[bool]:
+    """Whether this process's page table maps each row (``/proc/self/pagemap`` bit 63)."""
+    os_page = os.sysconf("SC_PAGE_SIZE")
+    out = []
+    with open("/proc/self/pagemap", "rb") as f:
+        for r in rows:
+            f.seek(a[r:].__array_interface__["data"][0] // os_page * 8)
+            out.append(bool(int.from_bytes(f.read(8), "little") >> 63))
+    return out
+
+
+def test_on_the_drivers_host_prefetch_maps_only_the_rows_os_pages(table, indices):
+    """256 KiB pages: a prefetch of scattered rows installs the OS pages they lie on,
+    not the 64 of each arena page; the read set is still per arena page."""
+    per_os_page = os.sysconf("SC_PAGE_SIZE") // table.itemsize
+
+    def task(t, rows, neighbours):
+        resident = clamor.prefetch(t, rows)
+        return resident, present(t, rows), present(t, neighbours), gather(t, rows)
+
+    rows = indices[::10]
+    neighbours = [r + per_os_page for r in rows if (r + per_os_page) // per_os_page not in set(rows // per_os_page)]
+    with clamor.Cluster(workers=1, page_size=256 << 10) as cluster:
+        resident, mapped, beside, got = cluster.run(task, table, rows, neighbours[:20])
+        reads = cluster.last_read_sets[0]
+        stats = cluster.worker_stats()[0]
+    pages = np.unique(rows * table.itemsize // (256 << 10))
+    assert got == int(table[rows].sum()) and all(mapped) and not any(beside)
+    assert resident == len(reads) == len(pages) and stats["faults"] == 0
 
 
 def test_a_partition_of_an_arena_array_arrives_as_one_stream(table):
