@@ -195,7 +195,8 @@ static int remap(uint64_t p, int fd) {
  * `at`: the faulting address, or 0 for the whole page (prefetch). A task's first
  * fault on a page larger than the OS page maps just the OS page around `at`: a
  * sparse lookup then installs one page-table entry, not 64 (256 KiB pages); a second
- * fault on the page (a scan) maps all of it. `len` > 0: map exactly the OS pages of
+ * fault on the page, or a first one right after a fault on the page before it (a
+ * scan), maps all of it. `len` > 0: map exactly the OS pages of
  * [at, at + len) (a prefetch that knows which bytes the task reads). */
 int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len) {
     const uint64_t bit = 1ull << (p & 63);
@@ -224,7 +225,8 @@ int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len) {
             if (len && !was_private) {
                 uint64_t lo = at & ~(os_page - 1), hi = (at + len + os_page - 1) & ~(os_page - 1);
                 mapped = try_map_range(lo, hi, 1) == 0;
-            } else if (at && first && !was_private && W.ps > os_page) {
+            } else if (at && first && !was_private && W.ps > os_page
+                       && atomic_exchange(&W.last_direct, p + 1) != p) { /* not a scan */
                 at &= ~(os_page - 1);
                 mapped = try_map_range(at, at + os_page, 1) == 0;
                 ADD(subpage_maps, 1);
@@ -499,6 +501,7 @@ int clamor_worker_port(void) { return W.running ? cl_server_port(W.server) : -1;
 void clamor_worker_begin_task(uint32_t epoch) {
     atomic_store(&W.epoch, epoch);
     atomic_fetch_add(&W.task_seq, 1);
+    atomic_store(&W.last_direct, UINT64_MAX); /* a task's scans are its own */
     pthread_mutex_lock(&W.rs_lock);
     W.rs_n = 0;
     pthread_mutex_unlock(&W.rs_lock);

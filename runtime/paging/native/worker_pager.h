@@ -52,6 +52,7 @@ typedef struct {
     uint64_t *rs_pages, rs_n, rs_cap;
     uint32_t *rs_vers;
     _Atomic uint64_t touched;
+    _Atomic uint64_t last_direct; /* zero copy: the page of the last fault mapped in place, + 1 */
     uint64_t *refbits;          /* CLOCK reference bits, one per page */
     uint64_t hand, clock_end;   /* the hand sweeps [0, clock_end): past every page installed */
     uint64_t last_missing, ra_window;

@@ -186,7 +186,7 @@ def test_a_first_touch_maps_one_os_page_and_a_second_the_whole_page(cluster):
     worker = cluster.workers[0]
     before = cluster.worker_stats()[0]["subpage_maps"]
 
-    rss = cluster.run(arena_rss_in_task, x, [0, per, 2 * per, 3 * per], worker=worker)
+    rss = cluster.run(arena_rss_in_task, x, [2 * per, 0, 3 * per, per], worker=worker)  # no two in a row
     assert rss == 4 * os_page  # one OS page of each of the 4 pages
     assert cluster.worker_stats()[0]["subpage_maps"] - before == 4
     assert sorted(p for p, _ in cluster.last_read_sets[0]) == [
@@ -194,3 +194,6 @@ def test_a_first_touch_maps_one_os_page_and_a_second_the_whole_page(cluster):
 
     rss = cluster.run(arena_rss_in_task, x, [0, per // 2], worker=worker)  # two OS pages of page 0
     assert rss == PAGE  # the second touch mapped the whole page
+
+    rss = cluster.run(arena_rss_in_task, x, [4 * per, 5 * per, 6 * per], worker=worker)
+    assert rss == os_page + 2 * PAGE  # a first touch right after the page before: a scan
