@@ -142,7 +142,7 @@ def main() -> None:
     argv = [f"--table-mib={p['table_mib']}", f"--workers={','.join(map(str, workers))}",
             f"--page-size={args.page_size}", f"--repeat={p['repeat']}"]  # fmt: skip
     rows = run_all(Path(__file__).resolve(), systems, argv, CASES, args.timeout)
-    result = {"workload": "scale", "quick": args.quick, "baseline": f"clamor-{workers[0]}",
+    result = {"workload": "scale", "quick": args.quick, "baseline": f"clamor-{workers[0]}", "page_size": p["page_size"],
               "title": f"{' vs '.join(map(str, workers))} workers on one host, a {p['table_mib']} MiB table",
               "params": {**p, "cores": os.cpu_count(), "systems": systems,
                          "command": " ".join(["python bench/run.py scale", *sys.argv[1:]])},
