@@ -236,7 +236,7 @@ class WorkerExecutor:
             report = pb.TaskReport(attempt_id=a.attempt_id, index=a.index, status=pb.OK)
             if a.output:
                 ctx.put(decode_key(a.output), value)
-            if a.reply:
+            if a.reply and value is not None:  # no value: None (the common empty reply)
                 self._encode_value(report, a.attempt_id, value)
             if ctx.accumulator_updates:
                 report.accumulators = shipping.dumps(ctx.accumulator_updates)
