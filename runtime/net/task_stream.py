@@ -64,13 +64,13 @@ class DriverLink:
 
     def __init__(self, worker: int) -> None:
         self.worker = worker
-        self._outbox: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (kind, payload) or _END
         self._lock = threading.Lock()
         self._context: grpc.ServicerContext | None = None
         self._closed = False
         self.reader: threading.Thread | None = None
-        #: Counters (read from any thread): messages each way, items sent, reports received.
-        self.sent_messages = self.sent_launches = self.received_messages = self.received_reports = 0
+        #: Counters (read from any thread): messages each way, attempts sent, reports received.
+        self.sent_messages = self.sent_attempts = self.received_messages = self.received_reports = 0
 
     # --- the executor's side ---
 
@@ -138,7 +138,7 @@ class DriverLink:
             if kind == _LAUNCH:
                 message.launches.append(payload)
                 size += payload.ByteSize()
-                self.sent_launches += 1
+                self.sent_attempts += len(payload.attempts)
             elif kind == _CANCEL:
                 message.cancel.extend(payload)
                 size += 10 * len(payload)

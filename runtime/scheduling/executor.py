@@ -231,9 +231,9 @@ class Executor:
             self._unreachable(worker, why)
 
     def stream_counters(self) -> dict[int, dict[str, int]]:
-        """Per worker: task-stream ``sent_messages`` / ``sent_launches`` (launch requests,
-        each one stage's attempts), ``received_messages`` / ``received_reports``."""
-        names = ("sent_messages", "sent_launches", "received_messages", "received_reports")
+        """Per worker, its task stream's ``sent_messages`` (with ``sent_attempts`` launched in
+        them) and ``received_messages`` (with ``received_reports``)."""
+        names = ("sent_messages", "sent_attempts", "received_messages", "received_reports")
         return {w: {n: getattr(e.link, n) for n in names} for w, e in list(self._endpoints.items())}
 
     def task_finished(
