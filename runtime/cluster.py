@@ -37,6 +37,7 @@ from clamor.runtime.data.dataset import DatasetSources
 from clamor.runtime.errors import ClamorError, WorkerLostError
 from clamor.runtime.exitcodes import describe_exit
 from clamor.runtime.launchers.local import Launcher, LocalLauncher
+from clamor.runtime.net import task_stream
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import CallTable, pack_task
@@ -128,9 +129,9 @@ class _SchedulerServicer(pb_grpc.SchedulerServicer):
     def Heartbeat(self, request, context):
         return pb.HeartbeatReply(ok=self._get(context)._on_heartbeat(request.worker_id))
 
-    def TaskFinished(self, request, context):
-        self._get(context)._executor.task_finished(request.worker_id, request.reports, request.moved)
-        return pb.TaskFinishedReply()
+    def Session(self, requests, context):
+        """A worker's task stream (raw bytes in: see ``task_stream.add_session_handler``)."""
+        return self._get(context)._executor.session(requests, context)
 
     def SpillPeers(self, request, context):
         peers = self._get(context)._spill_peers(request.worker_id, request.nbytes)
@@ -269,14 +270,18 @@ class Cluster(ClusterInspection, DatasetSources):
         if self._bulk is not None:
             self._executor.driver_bulk_address = format_address(host, self._bulk.port)
 
+        scheduler = _SchedulerServicer(self)
         self._server, self.address = create_server(
             self._token,
             [
-                (pb_grpc.add_SchedulerServicer_to_server, _SchedulerServicer(self)),
+                (task_stream.add_session_handler, scheduler.Session),  # before the others
+                (pb_grpc.add_SchedulerServicer_to_server, scheduler),
                 (pb_grpc.add_ObserverServicer_to_server, ObserverServicer(self)),
             ],
             host=host,
-            max_workers=max(8, min(64, n + 4)),
+            # Each worker's task stream holds a handler thread for its lifetime; the pool
+            # starts threads only when needed, so the bound costs nothing by itself.
+            max_workers=MAX_WORKERS + max(8, min(64, n + 4)),
             tls=self._credentials.tls,
         )
         self._launcher = launcher

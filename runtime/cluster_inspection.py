@@ -74,7 +74,8 @@ class ClusterInspection:
         cache; ``pages_mapped`` / ``bytes_mapped``: read in place from the driver's memory
         by workers on its host, zero copy; ``pages_read``: the two together; ``faults``, page-cache ``evictions``, partitions
         ``spilled_to_peers`` / ``spilled_to_disk``, ``partitions_on_disk``) and ``workers``
-        (:meth:`worker_stats`, each with its ``memory_budget`` and its two shares)."""
+        (:meth:`worker_stats`, each with its ``memory_budget`` and its two shares);
+        ``task_streams``: per worker id, its task stream's message counts each way."""
         stats = dict(self._paging.stats())
         workers = self.worker_stats()
         stats.update(stages_run=self._executor.stages_run, tasks_run=self._executor.tasks_run)
@@ -85,6 +86,7 @@ class ClusterInspection:
         stats["pages_read"] = stats["pages_fetched"] + stats["pages_mapped"]
         stats["driver_partitions_served_bulk"] = self._bulk.served if self._bulk is not None else 0
         stats["workers"] = workers
+        stats["task_streams"] = self._executor.stream_counters()
         return stats
 
     def partitions(self) -> dict[PartitionKey, dict]:

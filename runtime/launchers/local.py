@@ -51,6 +51,23 @@ def worker_command(
     return command + (["--host", host] if host else [])
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie. Asked before every stage: on Linux one
+    read of ``/proc/PID/stat`` (~15 µs; psutil takes ~100), elsewhere psutil."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+        except FileNotFoundError:
+            return False
+        except (OSError, IndexError):
+            pass  # an unusual /proc: ask psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 class Launcher(abc.ABC):
     """Starts and stops the worker processes of one cluster.
 
@@ -240,10 +257,7 @@ class LocalLauncher(Launcher):
         proc = self._procs[worker_id]
         if proc.poll() is not None:
             return False
-        try:
-            return psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+        return _running(proc.pid)
 
     def exitcode(self, worker_id: int) -> int | None:
         """``None`` while running (or not started here); the exit status, ``-signal`` if killed."""

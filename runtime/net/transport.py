@@ -37,9 +37,13 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Keepalive: a call to a host whose link was cut (no RST ever comes) fails with
     # UNAVAILABLE ~10 s later instead of at its deadline (up to 600 s): ping every 5 s
-    # while calls are active, give up after 5 s; servers accept pings that often.
+    # while calls are active, give up after 5 s; servers accept pings that often. Both
+    # ends ping (a worker's task stream is a call the driver serves). grpcio 1.85 waits
+    # for a ping's ack ping_timeout_ms (default 60 s), whatever keepalive_timeout_ms
+    # says: a stopped peer's stream ended after ~60 s, with it after ~10 s.
     ("grpc.keepalive_time_ms", 5000),
     ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.http2.ping_timeout_ms", 5000),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 4000),
     ("grpc.http2.max_ping_strikes", 0),

@@ -3,9 +3,11 @@
 Events (a stage submitted, tasks finished, a worker lost, partitions dropped)
 are queued to one thread, which feeds them to
 :class:`~clamor.runtime.scheduling.scheduler.SchedulerState` and carries out the
-instructions it returns: ``Launch`` and ``Cancel`` become gRPC calls to
-workers, ``StageDone`` / ``StageFailed`` resolve the waiting caller. All
-scheduling decisions live in the state machine; this module only does I/O.
+instructions it returns: ``Launch``, ``Cancel`` and ``Drop`` are queued on the
+worker's task stream (runtime/net/task_stream.py: one long-lived gRPC stream per
+worker, which brings its results back too), ``StageDone`` / ``StageFailed`` resolve
+the waiting caller. All scheduling decisions live in the state machine; this module
+only does I/O, and its loop never waits on a worker.
 
 :meth:`Executor.execute` runs one stage inside the paging protocol
 (``paging_api``): a new epoch, page invalidations on every worker, the tasks,
@@ -28,10 +30,11 @@ from typing import Any, TypeVar
 import grpc
 from clamor.runtime.data import accumulators
 from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
-from clamor.runtime.net import shipping
+from clamor.runtime.net import shipping, task_stream
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import decode_exception
+from clamor.runtime.net.task_stream import DriverLink
 from clamor.runtime.observe.telemetry import Telemetry
 from clamor.runtime.paging.paging_api import DriverPaging
 from clamor.runtime.scheduling.scheduler import (
@@ -77,39 +80,16 @@ class _Kept:
     key: PartitionKey
 
 
+@dataclasses.dataclass(frozen=True)
 class _Endpoint:
-    """A worker's stub and its sender thread: calls to one worker leave and finish in
-    order (a ``Cancel`` never overtakes the ``Launch`` it cancels), and blocking calls
-    on one thread cost less than gRPC futures, which spin up helper threads."""
+    """A worker as the driver reaches it: its task stream (launches, cancels, drops, in
+    order, never blocking the caller), and its stub for the unary calls (``Invalidate``,
+    partitions, ``Stats``)."""
 
-    def __init__(
-        self, worker: int, stub: pb_grpc.WorkerStub, address: str, bulk_address: str,
-        unreachable: Callable[[int, str], None],
-    ) -> None:  # fmt: skip
-        self.stub = stub
-        self.address = address
-        self.bulk_address = bulk_address
-        self._worker = worker
-        self._unreachable = unreachable
-        self._calls: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._send, name=f"clamor-send-{worker}", daemon=True)
-        self.thread.start()
-
-    def call(self, method: str, request: Any) -> None:
-        self._calls.put((method, request))
-
-    def close(self) -> None:
-        self._closed = True
-        self._calls.put(None)
-
-    def _send(self) -> None:
-        while (item := self._calls.get()) is not None:
-            method, request = item
-            try:
-                getattr(self.stub, method)(request, timeout=60)
-            except grpc.RpcError as error:
-                self._unreachable(self._worker, f"{method}: {error.code().name}: {error.details()}")
-                return  # nothing more goes to a worker that failed a call
+    stub: pb_grpc.WorkerStub
+    address: str
+    bulk_address: str
+    link: DriverLink
 
 
 class Executor:
@@ -117,8 +97,8 @@ class Executor:
 
     ``paging``: the driver pager (stage protocol). ``poll``: called while a stage
     waits, to detect lost workers. ``unreachable(worker, error)``: a call to a
-    worker failed; the owner decides whether it is lost (and then calls
-    :meth:`worker_lost`). ``min_ref_bytes``: arena arrays at least this large
+    worker failed or its task stream ended; the owner decides whether it is lost
+    (and then calls :meth:`worker_lost`). ``min_ref_bytes``: arena arrays at least this large
     travel by reference. ``bulk``: fetches partitions from workers' bulk servers
     (``None``: gRPC streams only, e.g. with TLS).
     """
@@ -143,6 +123,7 @@ class Executor:
         self._min_ref_bytes = min_ref_bytes
         self._version_floor = version_floor
         self._trimmed_floor = 0
+        self._polled = 0.0  # when execute last polled (between stages: at most every POLL_INTERVAL)
         self._released = 0  # epochs <= it are read by no stage any more (see _release)
         self._state = SchedulerState(
             window=window, speculation=speculation, speculation_factor=speculation_factor
@@ -225,21 +206,40 @@ class Executor:
     def worker_added(
         self, worker: int, stub: pb_grpc.WorkerStub, address: str, bulk_address: str = ""
     ) -> None:
-        self._endpoints[worker] = _Endpoint(worker, stub, address, bulk_address, self._unreachable)
+        self._endpoints[worker] = _Endpoint(stub, address, bulk_address, DriverLink(worker))
         self.telemetry.worker_added(worker)
         self._post(lambda s: s.worker_added(worker, now=time.monotonic()))
 
     def worker_lost(self, worker: int, error: WorkerLostError) -> None:
         endpoint = self._endpoints.get(worker)
         if endpoint is not None:
-            endpoint.close()
+            endpoint.link.close(f"the driver counts worker {worker} as lost: {error}",
+                                grpc.StatusCode.ABORTED)  # fmt: skip
         self.telemetry.worker_lost(worker, str(error))
         self._post(lambda s: s.worker_lost(worker, error, now=time.monotonic()))
+
+    def session(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.DriverMessage]:
+        """The Scheduler's ``Session``: a worker's task stream, attached to its link."""
+        return task_stream.serve(requests, context, self._link_of, self.task_finished, self._stream_ended)
+
+    def _link_of(self, worker: int) -> DriverLink | None:
+        endpoint = self._endpoints.get(worker)
+        return None if endpoint is None or endpoint.link.closed else endpoint.link
+
+    def _stream_ended(self, worker: int, why: str) -> None:
+        if not self._closed:
+            self._unreachable(worker, why)
+
+    def stream_counters(self) -> dict[int, dict[str, int]]:
+        """Per worker, its task stream's ``sent_messages`` (with ``sent_attempts`` launched in
+        them) and ``received_messages`` (with ``received_reports``)."""
+        names = ("sent_messages", "sent_attempts", "received_messages", "received_reports")
+        return {w: {n: getattr(e.link, n) for n in names} for w, e in list(self._endpoints.items())}
 
     def task_finished(
         self, worker: int, reports: Iterable[pb.TaskReport], moved: Iterable[pb.PartitionMove] = ()
     ) -> None:
-        """The Scheduler's ``TaskFinished``: decode each report into an event, then the
+        """Results from a worker's task stream: decode each report into an event, then the
         partitions the worker spilled (after the outputs those reports register)."""
         now = time.monotonic()
         for report in reports:
@@ -261,7 +261,11 @@ class Executor:
                     report.error, report.traceback, report.error_type, report.error_message
                 )
                 self._post(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e, now=now))
-        moves = {decode_key(m.key): (m.holder, m.tier, m.nbytes) for m in moved}
+        try:
+            moves = {decode_key(m.key): (m.holder, m.tier, m.nbytes) for m in moved}
+        except Exception:  # noqa: BLE001 - a key that does not unpickle: placement only
+            logger.exception("worker %d reported partition moves that do not decode", worker)
+            moves = {}
         if moves:
             self._post(lambda s: s.partitions_moved(worker, moves))
 
@@ -287,8 +291,8 @@ class Executor:
     def _carry_out(self, instruction: Any) -> None:
         if isinstance(instruction, Cancel):
             self.telemetry.cancelled(instruction.attempts)
-            request = pb.CancelRequest(attempt_ids=list(instruction.attempts))
-            self._call(instruction.worker, "Cancel", request)
+            if (link := self._link(instruction.worker)) is not None:
+                link.cancel(instruction.attempts)
         elif isinstance(instruction, StageDone | StageFailed):
             run = self._stages.pop(instruction.stage, None)
             error = instruction.error if isinstance(instruction, StageFailed) else None
@@ -301,9 +305,8 @@ class Executor:
         elif isinstance(instruction, Drop):
             if instruction.worker == DRIVER:
                 self.driver_store.drop(instruction.keys)
-            else:
-                request = pb.DropRequest(keys=[encode_key(k) for k in instruction.keys])
-                self._call(instruction.worker, "DropPartitions", request)
+            elif (link := self._link(instruction.worker)) is not None:
+                link.drop(encode_key(k) for k in instruction.keys)
         elif isinstance(instruction, PartitionsLost):
             logger.warning("%d partition(s) lost with their worker", len(instruction.keys))
 
@@ -322,7 +325,8 @@ class Executor:
             for attempt in attempts:
                 request.attempts.append(self._assignment(attempt))
             self.telemetry.launched(launch.worker, attempts, run.name, run.recompute)
-            self._call(launch.worker, "Launch", request)
+            if (link := self._link(launch.worker)) is not None:
+                link.launch(request)
 
     def _assignment(self, attempt: Any) -> pb.Assignment:
         spec = attempt.spec
@@ -343,11 +347,9 @@ class Executor:
             reply=spec.reply,
         )
 
-    def _call(self, worker: int, method: str, request: Any) -> None:
-        """Call ``method`` on ``worker`` without waiting; a failure reports it unreachable."""
+    def _link(self, worker: int) -> DriverLink | None:
         endpoint = self._endpoints.get(worker)
-        if endpoint is not None:
-            endpoint.call(method, request)
+        return endpoint.link if endpoint is not None else None
 
     # --- stages ---
 
@@ -368,7 +370,9 @@ class Executor:
                 "and the ones pinned by keep_versions or by lineage)"
             )
         with self._stage_lock:
-            self._poll()
+            if time.monotonic() - self._polled >= POLL_INTERVAL:  # and while the stage waits;
+                self._poll()  # a worker that dies also ends its task stream, which says so at once
+                self._polled = time.monotonic()
             epoch, pages = self._paging.begin_stage()
             self.stages_run += 1
             try:
@@ -490,7 +494,8 @@ class Executor:
         try:
             return self.fetch(kept.key, holder=kept.worker)
         finally:
-            self._call(kept.worker, "DropPartitions", pb.DropRequest(keys=[encode_key(kept.key)]))
+            if (link := self._link(kept.worker)) is not None:
+                link.drop([encode_key(kept.key)])
 
     @staticmethod
     def _merge_accumulators(results: list[TaskResult]) -> None:
@@ -550,14 +555,16 @@ class Executor:
             if not run.future.done():
                 run.future.set_exception(ClamorError("the cluster was closed"))
         self._events.put(None)
-        for endpoint in self._endpoints.values():
-            endpoint.close()
+        for endpoint in list(self._endpoints.values()):
+            endpoint.link.close()  # ends each Session call, which frees its handler thread
         if self._bulk is not None:
             self._bulk.close()
 
     def join(self, timeout: float = 5.0) -> None:
-        """Wait for the loop and the sender threads to end after :meth:`close` (close the
-        workers' channels first: that ends a call in flight)."""
-        for thread in [self._thread, *(e.thread for e in self._endpoints.values())]:
+        """Wait for the loop and the task streams' reader threads to end after :meth:`close`
+        (a reader ends with its stream: once its worker has exited, or the server stops)."""
+        readers = [e.link.reader for e in list(self._endpoints.values()) if e.link.reader is not None]
+        deadline = time.monotonic() + timeout
+        for thread in [self._thread, *readers]:
             if thread is not threading.current_thread():
-                thread.join(timeout)
+                thread.join(max(0.0, deadline - time.monotonic()))

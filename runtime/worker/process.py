@@ -7,7 +7,11 @@ It serves the ``Worker`` gRPC service on ``H:0``, registers with the driver's
 ``Scheduler`` at ``HOST:PORT``, builds its paging object from the config it gets
 back (``config["paging_factory"]``, a ``"module:callable"`` called as
 ``factory(worker_id, config)``; :class:`NullWorkerPaging` if absent), reports
-Ready, then runs tasks one at a time until told to shut down. A watchdog thread
+Ready, then opens its task stream (runtime/net/task_stream.py) and runs the
+attempts that come down it, one at a time, until told to shut down. The stream's
+end is the worker's: it exits saying why (the driver closed it or gave up on this
+worker: ``EXIT_OK`` / ``EXIT_DRIVER_REFUSED``; a broken connection, e.g. a cut link
+that fails the keepalive pings: ``EXIT_DRIVER_UNREACHABLE``). A watchdog thread
 heartbeats the driver every second and exits with
 :data:`~clamor.runtime.exitcodes.EXIT_DRIVER_UNREACHABLE` when the driver has
 been unreachable for 5 s or its process (``--parent-pid``) is gone.
@@ -37,6 +41,7 @@ from clamor.runtime.exitcodes import (
 )
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.net.task_stream import run_worker_stream
 from clamor.runtime.net.transport import connect, create_server, split_address
 from clamor.runtime.paging.memory import WorkerBudget
 from clamor.runtime.paging.paging_api import NullWorkerPaging, load_factory
@@ -51,6 +56,10 @@ HEARTBEAT_INTERVAL = 1.0
 #: Consecutive seconds of failed heartbeats after which the worker gives up on the driver.
 HEARTBEAT_PATIENCE = 5.0
 _REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
+#: Task-stream endings by which the driver refuses this worker (any other one but OK:
+#: the driver is unreachable).
+_STREAM_REFUSALS = (*_REFUSALS, grpc.StatusCode.ABORTED, grpc.StatusCode.ALREADY_EXISTS,
+                    grpc.StatusCode.INVALID_ARGUMENT)  # fmt: skip
 
 
 def _die(code: int, message: str) -> None:
@@ -64,7 +73,8 @@ def _die(code: int, message: str) -> None:
 
 
 class WorkerServicer(pb_grpc.WorkerServicer):
-    """The ``Worker`` service; tasks are handed to the :class:`WorkerExecutor`."""
+    """The ``Worker`` service: invalidations, partitions, stats and shutdown (attempts
+    come on the task stream)."""
 
     def __init__(self) -> None:
         self.executor: WorkerExecutor | None = None
@@ -77,14 +87,6 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         if self.executor is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "worker is not ready yet")
         return self.executor
-
-    def Launch(self, request, context):
-        self._ready(context).launch(request)
-        return pb.LaunchReply()
-
-    def Cancel(self, request, context):
-        self._ready(context).cancel(list(request.attempt_ids), request.forget_stage)
-        return pb.CancelReply()
 
     def Invalidate(self, request, context):
         executor = self._ready(context)
@@ -110,10 +112,6 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         if not self.store.accept(key, data, first.nbytes):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"no room for {first.nbytes} bytes")
         return pb.PutReply()
-
-    def DropPartitions(self, request, context):
-        self.store.drop(decode_key(k) for k in request.keys)
-        return pb.DropReply()
 
     def Stats(self, request, context):
         executor = self._ready(context)
@@ -219,6 +217,20 @@ def _watchdog(scheduler, worker_id: int, parent_pid: int | None) -> None:
         failing_since = None
         if not reply.ok:
             _die(EXIT_DRIVER_REFUSED, f"the driver no longer knows worker {worker_id}")
+
+
+def _serve_stream(
+    scheduler: pb_grpc.SchedulerStub, worker_id: int, executor: WorkerExecutor,
+    shutdown: threading.Event,
+) -> None:  # fmt: skip
+    """Serve the task stream; when it ends (and no shutdown is under way), exit saying why."""
+    code, why = run_worker_stream(scheduler, worker_id, executor.outgoing(), executor.apply)
+    if shutdown.is_set():
+        return  # the main thread exits
+    if code == grpc.StatusCode.OK:
+        _die(EXIT_OK, f"worker {worker_id}: {why}")
+    exit_code = EXIT_DRIVER_REFUSED if code in _STREAM_REFUSALS else EXIT_DRIVER_UNREACHABLE
+    _die(exit_code, f"worker {worker_id}: {why}")
 
 
 def budget_of(config: dict) -> WorkerBudget:
@@ -347,6 +359,13 @@ def main(argv: list[str] | None = None) -> int:
             f"worker {worker_id}: Ready failed: {exc.code().name}: {exc.details()}",
         )
     logger.info("worker %d serving on %s", worker_id, address)
+    executor = servicer.executor
+    threading.Thread(
+        target=_serve_stream,
+        args=(scheduler, worker_id, executor, servicer.shutdown_requested),
+        name="clamor-stream",
+        daemon=True,
+    ).start()
 
     servicer.shutdown_requested.wait()
     server.stop(grace=1.0, timeout=2.0, join=False)  # os._exit follows: a wedged task may hold a handler

@@ -1,9 +1,11 @@
 """A worker's task execution: one attempt at a time, results reported in batches.
 
-``Launch`` queues attempts and returns at once; a single runner thread runs
-them in order (one task at a time per worker process, DESIGN 5); a reporter
-thread sends finished attempts to the driver's ``TaskFinished``, batching
-whatever finished while its previous call was in flight. Inputs are fetched on
+The driver's messages on the task stream (runtime/net/task_stream.py) go to
+:meth:`WorkerExecutor.apply`, which queues launched attempts, drops cancelled ones and
+frees dropped partitions, and returns at once; a single runner thread runs the
+attempts in order (one task at a time per worker process, DESIGN 5).
+:meth:`WorkerExecutor.outgoing` gives the stream its messages up: each carries the
+attempts that finished while the previous one was being sent. Inputs are fetched on
 first use from this worker's store, a peer's ``GetPartition`` or the driver's
 ``FetchPartition``.
 """
@@ -16,16 +18,16 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import grpc
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.net import shipping
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import encode_exception
+from clamor.runtime.net.task_stream import MAX_BATCH_BYTES
 from clamor.runtime.net.transport import connect
 from clamor.runtime.paging.paging_api import WorkerPaging
 from clamor.runtime.stage import DRIVER, PartitionKey, TaskContext, run_program
@@ -101,10 +103,18 @@ class WorkerExecutor:
         #: Partitions from peers' bulk servers (``None`` with TLS: gRPC streams only).
         self.bulk = None if credentials.tls else BulkClient(credentials.token.encode())
         self._running: int | None = None
-        for target, name in ((self._run_loop, "clamor-tasks"), (self._report_loop, "clamor-report")):
-            threading.Thread(target=target, name=name, daemon=True).start()
+        threading.Thread(target=self._run_loop, name="clamor-tasks", daemon=True).start()
 
-    # --- from the Worker service ---
+    # --- from the task stream ---
+
+    def apply(self, message: pb.DriverMessage) -> None:
+        """A message from the driver, in its order: launches, cancels, partition drops."""
+        for request in message.launches:
+            self.launch(request)
+        if message.cancel:
+            self.cancel(list(message.cancel))
+        if message.drop:
+            self.drop(message.drop)
 
     def launch(self, request: pb.LaunchRequest) -> None:
         """Queue the request's attempts (its program is decoded here, errors reported per attempt)."""
@@ -121,7 +131,7 @@ class WorkerExecutor:
                 self._queue.append(_Queued(request.stage_id, request.epoch, a))
             self._cond.notify_all()
 
-    def cancel(self, attempt_ids: list[int], forget_stage: int = 0) -> None:
+    def cancel(self, attempt_ids: list[int]) -> None:
         """Abandon queued attempts; a running one finishes but its result is not sent."""
         with self._cond:
             self._cancelled.update(attempt_ids)
@@ -130,8 +140,16 @@ class WorkerExecutor:
                 for q in self._queue
                 if isinstance(q, _Exclusive) or q.assignment.attempt_id not in self._cancelled
             )
-            if forget_stage:
-                self._programs.pop(forget_stage, None)
+
+    def drop(self, keys: list[bytes]) -> None:
+        """Free partitions (pickled keys); a key that does not unpickle is logged and skipped."""
+        decoded = []
+        for key in keys:
+            try:
+                decoded.append(decode_key(key))
+            except Exception:  # noqa: BLE001 - whatever the unpickler raises
+                logger.exception("the driver dropped a partition key that does not decode")
+        self._store.drop(decoded)
 
     def exclusive(self, fn: Callable[[], None], timeout: float | None = None) -> None:
         """Run ``fn`` on the runner thread after the attempts queued so far, and wait.
@@ -193,7 +211,11 @@ class WorkerExecutor:
 
     def _run(self, program: Any, item: _Queued) -> pb.TaskReport:
         a = item.assignment
-        locations = {decode_key(i.key): (i.holder, i.address, i.bulk_address) for i in a.inputs}
+        start = time.perf_counter()
+        try:  # an input key that does not unpickle fails the attempt, not this thread
+            locations = {decode_key(i.key): (i.holder, i.address, i.bulk_address) for i in a.inputs}
+        except Exception as exc:  # noqa: BLE001
+            return _error_report(a.attempt_id, exc, a.index)
         fetched: dict[PartitionKey, Any] = {}
 
         def fetch(key: PartitionKey) -> Any:
@@ -202,7 +224,6 @@ class WorkerExecutor:
             return fetched[key]
 
         ctx = TaskContext(a.index, tuple(locations), fetch, self._store.put)
-        start = time.perf_counter()
         read_set: list[tuple[int, int]] = []
         try:
             self.paging.begin_task(item.epoch)
@@ -215,7 +236,7 @@ class WorkerExecutor:
             report = pb.TaskReport(attempt_id=a.attempt_id, index=a.index, status=pb.OK)
             if a.output:
                 ctx.put(decode_key(a.output), value)
-            if a.reply:
+            if a.reply and value is not None:  # no value: None (the common empty reply)
                 self._encode_value(report, a.attempt_id, value)
             if ctx.accumulator_updates:
                 report.accumulators = shipping.dumps(ctx.accumulator_updates)
@@ -260,8 +281,6 @@ class WorkerExecutor:
             ))
         return stub
 
-    # --- the reporter thread ---
-
     def _decode(self, stage: int, encoded: _Encoded) -> Any:
         """The stage's program, decoded once (the stage's later attempts reuse it)."""
         program = shipping.loads(encoded.data)
@@ -270,21 +289,27 @@ class WorkerExecutor:
                 self._programs[stage] = program
         return program
 
-    def _report_loop(self) -> None:
+    # --- results, up the task stream (on a gRPC thread) ---
+
+    def outgoing(self) -> Iterator[pb.WorkerMessage]:
+        """The task stream's messages up, forever: each carries the attempts finished (and
+        partitions moved) since the last one, up to about ``MAX_BATCH_BYTES``; the moves go
+        with the last reports taken before them, never ahead of those."""
         while True:
             with self._cond:
                 while not self._finished and not self._moved:
                     self._cond.wait()
-                batch, self._finished = self._finished, []
-                moved, self._moved = self._moved, []
-            request = pb.TaskFinishedRequest(worker_id=self.worker_id, reports=batch, moved=moved)
-            for attempt in range(5):
-                try:
-                    self._scheduler.TaskFinished(request, timeout=60)
-                    break
-                except grpc.RpcError as exc:  # the watchdog exits if the driver is gone for good
-                    logger.warning("TaskFinished failed (%s); retrying", exc.code().name)
-                    time.sleep(0.2 * (attempt + 1))
+                size, taken = 0, 0
+                for report in self._finished:
+                    size += report.ByteSize()
+                    taken += 1
+                    if size >= MAX_BATCH_BYTES:
+                        break
+                batch, self._finished = self._finished[:taken], self._finished[taken:]
+                moved: list[pb.PartitionMove] = []
+                if not self._finished:
+                    moved, self._moved = self._moved, []
+            yield pb.WorkerMessage(reports=batch, moved=moved)
 
 
 def _error_report(attempt_id: int, exc: BaseException, index: int = 0) -> pb.TaskReport:

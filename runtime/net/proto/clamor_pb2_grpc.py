@@ -2,7 +2,7 @@
 """Client and server classes corresponding to protobuf-defined services."""
 import grpc
 
-from clamor.runtime.net.proto import clamor_pb2 as clamor_dot_runtime_dot_proto_dot_clamor__pb2
+from clamor.runtime.net.proto import clamor_pb2 as clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2
 
 
 class ObserverStub(object):
@@ -19,8 +19,8 @@ class ObserverStub(object):
         """
         self.Query = channel.unary_unary(
                 '/clamor.v1.Observer/Query',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.QueryRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.QueryReply.FromString,
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.QueryRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.QueryReply.FromString,
                 )
 
 
@@ -43,8 +43,8 @@ def add_ObserverServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Query': grpc.unary_unary_rpc_method_handler(
                     servicer.Query,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.QueryRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.QueryReply.SerializeToString,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.QueryRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.QueryReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -71,8 +71,8 @@ class Observer(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/clamor.v1.Observer/Query',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.QueryRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.QueryReply.FromString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.QueryRequest.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.QueryReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -90,33 +90,33 @@ class SchedulerStub(object):
         """
         self.Register = channel.unary_unary(
                 '/clamor.v1.Scheduler/Register',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.RegisterRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.RegisterReply.FromString,
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.RegisterReply.FromString,
                 )
         self.Ready = channel.unary_unary(
                 '/clamor.v1.Scheduler/Ready',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.ReadyRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.ReadyReply.FromString,
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ReadyRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ReadyReply.FromString,
                 )
         self.Heartbeat = channel.unary_unary(
                 '/clamor.v1.Scheduler/Heartbeat',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.HeartbeatReply.FromString,
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.HeartbeatReply.FromString,
                 )
-        self.TaskFinished = channel.unary_unary(
-                '/clamor.v1.Scheduler/TaskFinished',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.TaskFinishedRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.TaskFinishedReply.FromString,
+        self.Session = channel.stream_stream(
+                '/clamor.v1.Scheduler/Session',
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.WorkerMessage.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.DriverMessage.FromString,
                 )
         self.FetchPartition = channel.unary_stream(
                 '/clamor.v1.Scheduler/FetchPartition',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.Chunk.FromString,
                 )
         self.SpillPeers = channel.unary_unary(
                 '/clamor.v1.Scheduler/SpillPeers',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.SpillPeersRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.SpillPeersReply.FromString,
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.SpillPeersRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.SpillPeersReply.FromString,
                 )
 
 
@@ -143,9 +143,12 @@ class SchedulerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def TaskFinished(self, request, context):
-        """Results of finished attempts, batched: a worker sends what has finished
-        since its last call, with at most one call in flight.
+    def Session(self, request_iterator, context):
+        """The task stream, one per worker, opened by the worker once Ready returned and
+        kept for its lifetime (runtime/net/task_stream.py): launches, cancels and drops
+        go down it in the order the driver issued them, results of finished attempts
+        come up, each side batching whatever queued while its last message was sent.
+        Its end (either way, for any reason) means the worker is lost.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -171,33 +174,33 @@ def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.RegisterRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.RegisterReply.SerializeToString,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.RegisterRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.RegisterReply.SerializeToString,
             ),
             'Ready': grpc.unary_unary_rpc_method_handler(
                     servicer.Ready,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.ReadyRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.ReadyReply.SerializeToString,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ReadyRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ReadyReply.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.HeartbeatRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.HeartbeatReply.SerializeToString,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.HeartbeatRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.HeartbeatReply.SerializeToString,
             ),
-            'TaskFinished': grpc.unary_unary_rpc_method_handler(
-                    servicer.TaskFinished,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.TaskFinishedRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.TaskFinishedReply.SerializeToString,
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.WorkerMessage.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.DriverMessage.SerializeToString,
             ),
             'FetchPartition': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchPartition,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PartitionRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
             ),
             'SpillPeers': grpc.unary_unary_rpc_method_handler(
                     servicer.SpillPeers,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.SpillPeersRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.SpillPeersReply.SerializeToString,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.SpillPeersRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.SpillPeersReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,8 +226,8 @@ class Scheduler(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/clamor.v1.Scheduler/Register',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.RegisterRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.RegisterReply.FromString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.RegisterRequest.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.RegisterReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -240,8 +243,8 @@ class Scheduler(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/clamor.v1.Scheduler/Ready',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.ReadyRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.ReadyReply.FromString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ReadyRequest.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ReadyReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -257,13 +260,13 @@ class Scheduler(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/clamor.v1.Scheduler/Heartbeat',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.HeartbeatRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.HeartbeatReply.FromString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.HeartbeatRequest.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.HeartbeatReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
     @staticmethod
-    def TaskFinished(request,
+    def Session(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -273,9 +276,9 @@ class Scheduler(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Scheduler/TaskFinished',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.TaskFinishedRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.TaskFinishedReply.FromString,
+        return grpc.experimental.stream_stream(request_iterator, target, '/clamor.v1.Scheduler/Session',
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.WorkerMessage.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.DriverMessage.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -291,8 +294,8 @@ class Scheduler(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_stream(request, target, '/clamor.v1.Scheduler/FetchPartition',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.Chunk.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -308,8 +311,8 @@ class Scheduler(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/clamor.v1.Scheduler/SpillPeers',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.SpillPeersRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.SpillPeersReply.FromString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.SpillPeersRequest.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.SpillPeersReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -317,6 +320,7 @@ class Scheduler(object):
 class WorkerStub(object):
     """------------------------------------------------------------------- Worker
     Served by each worker; called by the driver (and by peers: GetPartition).
+    Attempts and partition drops reach a worker on its Scheduler.Session stream.
     """
 
     def __init__(self, channel):
@@ -325,65 +329,38 @@ class WorkerStub(object):
         Args:
             channel: A grpc.Channel.
         """
-        self.Launch = channel.unary_unary(
-                '/clamor.v1.Worker/Launch',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.LaunchRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.LaunchReply.FromString,
-                )
-        self.Cancel = channel.unary_unary(
-                '/clamor.v1.Worker/Cancel',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.CancelRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.CancelReply.FromString,
-                )
         self.Invalidate = channel.unary_unary(
                 '/clamor.v1.Worker/Invalidate',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.InvalidateRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.InvalidateReply.FromString,
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.InvalidateRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.InvalidateReply.FromString,
                 )
         self.GetPartition = channel.unary_stream(
                 '/clamor.v1.Worker/GetPartition',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.Chunk.FromString,
                 )
         self.PutPartition = channel.stream_unary(
                 '/clamor.v1.Worker/PutPartition',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PutReply.FromString,
-                )
-        self.DropPartitions = channel.unary_unary(
-                '/clamor.v1.Worker/DropPartitions',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.DropRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.DropReply.FromString,
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PutReply.FromString,
                 )
         self.Stats = channel.unary_unary(
                 '/clamor.v1.Worker/Stats',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.StatsRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.StatsReply.FromString,
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.StatsRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.StatsReply.FromString,
                 )
         self.Shutdown = channel.unary_unary(
                 '/clamor.v1.Worker/Shutdown',
-                request_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.ShutdownRequest.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.ShutdownReply.FromString,
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ShutdownRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ShutdownReply.FromString,
                 )
 
 
 class WorkerServicer(object):
     """------------------------------------------------------------------- Worker
     Served by each worker; called by the driver (and by peers: GetPartition).
+    Attempts and partition drops reach a worker on its Scheduler.Session stream.
     """
-
-    def Launch(self, request, context):
-        """Queue attempts; returns at once. Results come back through TaskFinished.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Cancel(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
 
     def Invalidate(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -405,12 +382,6 @@ class WorkerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def DropPartitions(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -426,45 +397,30 @@ class WorkerServicer(object):
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Launch': grpc.unary_unary_rpc_method_handler(
-                    servicer.Launch,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.LaunchRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.LaunchReply.SerializeToString,
-            ),
-            'Cancel': grpc.unary_unary_rpc_method_handler(
-                    servicer.Cancel,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.CancelRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.CancelReply.SerializeToString,
-            ),
             'Invalidate': grpc.unary_unary_rpc_method_handler(
                     servicer.Invalidate,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.InvalidateRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.InvalidateReply.SerializeToString,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.InvalidateRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.InvalidateReply.SerializeToString,
             ),
             'GetPartition': grpc.unary_stream_rpc_method_handler(
                     servicer.GetPartition,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PartitionRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
             ),
             'PutPartition': grpc.stream_unary_rpc_method_handler(
                     servicer.PutPartition,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.PutReply.SerializeToString,
-            ),
-            'DropPartitions': grpc.unary_unary_rpc_method_handler(
-                    servicer.DropPartitions,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.DropRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.DropReply.SerializeToString,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.Chunk.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PutReply.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.StatsRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.StatsReply.SerializeToString,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.StatsRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.StatsReply.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
-                    request_deserializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.ShutdownRequest.FromString,
-                    response_serializer=clamor_dot_runtime_dot_proto_dot_clamor__pb2.ShutdownReply.SerializeToString,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ShutdownRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ShutdownReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -476,41 +432,8 @@ def add_WorkerServicer_to_server(servicer, server):
 class Worker(object):
     """------------------------------------------------------------------- Worker
     Served by each worker; called by the driver (and by peers: GetPartition).
+    Attempts and partition drops reach a worker on its Scheduler.Session stream.
     """
-
-    @staticmethod
-    def Launch(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/Launch',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.LaunchRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.LaunchReply.FromString,
-            options, channel_credentials,
-            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
-
-    @staticmethod
-    def Cancel(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/Cancel',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.CancelRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.CancelReply.FromString,
-            options, channel_credentials,
-            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
     @staticmethod
     def Invalidate(request,
@@ -524,8 +447,8 @@ class Worker(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/Invalidate',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.InvalidateRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.InvalidateReply.FromString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.InvalidateRequest.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.InvalidateReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -541,8 +464,8 @@ class Worker(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_stream(request, target, '/clamor.v1.Worker/GetPartition',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.FromString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.Chunk.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -558,25 +481,8 @@ class Worker(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.stream_unary(request_iterator, target, '/clamor.v1.Worker/PutPartition',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.PutReply.FromString,
-            options, channel_credentials,
-            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
-
-    @staticmethod
-    def DropPartitions(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/DropPartitions',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.DropRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.DropReply.FromString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PutReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -592,8 +498,8 @@ class Worker(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/Stats',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.StatsRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.StatsReply.FromString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.StatsRequest.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.StatsReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -609,7 +515,7 @@ class Worker(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/Shutdown',
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.ShutdownRequest.SerializeToString,
-            clamor_dot_runtime_dot_proto_dot_clamor__pb2.ShutdownReply.FromString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ShutdownRequest.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ShutdownReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -58,6 +58,13 @@ def raise_needs_two_args():
     raise NeedsTwoArgs(1, 2)
 
 
+def divide_late(a, b):
+    """Fails (b = 0) only after the other worker's tiny tasks have run: a stage's error
+    cancels its attempts still queued elsewhere."""
+    time.sleep(0.3)
+    return divmod(a, b)
+
+
 def pid_and(value):
     return os.getpid(), value
 
@@ -128,7 +135,7 @@ def test_remote_exception_is_reraised_as_same_type(cluster):
     assert cluster.run(abs, -3, worker=1) == 3
     before = cluster.stats()["tasks_run"]
     with pytest.raises(ZeroDivisionError):
-        cluster.run_stage([(0, abs, (-1,)), (1, divmod, (1, 0)), (0, abs, (-2,))])
+        cluster.run_stage([(0, abs, (-1,)), (1, divide_late, (1, 0)), (0, abs, (-2,))])
     # the error ends the stage at once; the other worker's reports may come just after it
     deadline = time.monotonic() + 10
     while cluster.stats()["tasks_run"] - before < 3 and time.monotonic() < deadline:
