@@ -76,6 +76,8 @@ def partitions_case(clamor, p: int) -> dict:
 def workers_case(clamor, w: int) -> dict:
     from clamor.runtime.stage import StageSpec, TaskSpec
 
+    with clamor.Cluster(workers=1) as c:  # what the first cluster of a process allocates once
+        c.execute(StageSpec(_empty, [TaskSpec(0)]))
     before = rss()
     t0 = time.perf_counter()
     with clamor.Cluster(workers=w) as c:
