@@ -106,9 +106,14 @@ def test_a_page_held_by_1000_workers(pager, data):
     asker = MAX_WORKERS - 1  # a worker id that holds nothing
     with pc.PageClient("127.0.0.1", pager.port, TOKEN, client_id=asker) as c:
         named = redirects(c, hot, epoch, 4000)
-    # 4,000 redirects over 1,000 holders: two random choices (fewer redirects so far wins)
+    # 4,000 redirects over 1,000 holders: two random choices (fewer outstanding redirects wins)
     # keep every holder near 4; one random choice would leave ~2 % of them unused.
     assert len(named) >= 990 and max(named.values()) <= 8
+    # A redirected client is listed as a holder at once (a holder-to-be: a burst fans out
+    # over a tree of peers); this one never fetches, so it says it dropped the page.
+    assert asker in holders(pager, hot)
+    with pc.PageClient("127.0.0.1", pager.port, TOKEN, client_id=asker) as c:
+        tell(c, hot, epoch, dropped=True)
 
     with pc.PageClient("127.0.0.1", pager.port, TOKEN, client_id=7) as c:  # a holder itself
         assert 7 not in redirects(c, hot, epoch, 500)
