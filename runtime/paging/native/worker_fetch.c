@@ -123,8 +123,9 @@ broken:
     return -1;
 }
 
-/* Fetches the latest version <= E of page p into its cache slot. */
-static void fetch_one(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
+/* Fetches the latest version <= E of page p into its cache slot (the caller installs it,
+ * with p marked pending meanwhile: see resolve_fault). */
+void fetch(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
     if (fetch_shm(p, E, v) == 0) {
         *hi = CL_OPEN_ENDED;
         ADD(from_shm, 1);
@@ -164,14 +165,6 @@ static void fetch_one(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
         reset_driver();
         if (++io_errors == 5) die(EXIT_DRIVER_UNREACHABLE, "lost the connection to the driver", p);
     }
-}
-
-/* fetch_one, with p marked pending meanwhile: the driver may list us as its holder as
- * soon as it answers, and peers redirected here wait for our copy (worker_pending.c). */
-void fetch(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
-    pending_mark(&p, 1, 1);
-    fetch_one(p, E, v, hi);
-    pending_mark(&p, 1, 0);
 }
 
 /* Fetches pages [p, p + n) (none cached) in one request, after a sequential run. */

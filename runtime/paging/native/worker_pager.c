@@ -312,8 +312,12 @@ static void resolve_fault(uint64_t p, uint64_t flags, uint64_t addr) {
     uint32_t E = atomic_load(&W.epoch), v, hi;
     ADD(faults, 1);
     make_room(p);
+    /* Pending from before the request until installed: the driver may list us as p's
+     * holder as soon as it answers, and peers redirected here wait for our copy. */
+    pending_mark(&p, 1, 1);
     fetch(p, E, &v, &hi);
     install(p, v, hi);
+    pending_mark(&p, 1, 0);
     ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
     record(p, v);
     map_cached(p);
