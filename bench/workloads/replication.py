@@ -143,6 +143,11 @@ def run_config(args: argparse.Namespace, config: str, hosts: int, net: Any = Non
         table = clamor.array(n, np.int64)
         workers = list(cluster.workers)
         cluster.run_stage([(w, _warm, ()) for w in workers])
+        empty = []  # what a stage of one no-op task per worker costs here: the floor of any case
+        for _ in range(3):
+            t0 = time.perf_counter()
+            cluster.run_stage([(w, _warm, ()) for w in workers])
+            empty.append(time.perf_counter() - t0)
         for case in args.cases:
             seconds, driver, peer, rss, notes, detail = [], [], [], [], [], []
             ok = True
@@ -175,6 +180,7 @@ def run_config(args: argparse.Namespace, config: str, hosts: int, net: Any = Non
                             peak_worker_rss=max(rss), note="; ".join(notes), correct=ok,
                             bytes_served_by_driver=driver, bytes_served_by_peers=peer, worker_counters=detail,
                             page_size=page_size, table_bytes=n * 8, hosts=hosts,
+                            empty_stage_s=statistics.median(empty),
                             wanted_bytes=want_bytes(args, case, hosts, n * 8)))  # fmt: skip
     return rows
 
@@ -224,18 +230,19 @@ def render(result: dict) -> str:
          f"{p['burst_mib']} MiB slice at once. Median of {p['repeat']} repetitions (min–max), caches cold each."),
         "",
         "| case | configuration | seconds (min–max) | driver served (MiB) | peers served (MiB) | "
-        "peer fallbacks | note |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "peer fallbacks | empty stage (s) | note |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]  # fmt: skip
     for r in result["rows"]:
         s = r["seconds"]
         if not s:
-            lines.append(f"| {r['case']} | {r['system']} | — | — | — | — | {r['note']} |")
+            lines.append(f"| {r['case']} | {r['system']} | — | — | — | — | — | {r['note']} |")
             continue
         fb = statistics.median([c["peer_fallbacks"] for c in r["worker_counters"]])
         lines.append(f"| {r['case']} | {r['system']} | {median(s):.3f} ({min(s):.3f}–{max(s):.3f}) | "
                      f"{mib(statistics.median(r['bytes_served_by_driver']))} | "
-                     f"{mib(statistics.median(r['bytes_served_by_peers']))} | {fb:.0f} | {r['note']} |")  # fmt: skip
+                     f"{mib(statistics.median(r['bytes_served_by_peers']))} | {fb:.0f} | "
+                     f"{r.get('empty_stage_s', 0):.3f} | {r['note']} |")  # fmt: skip
     lines += ["", "| case | off ÷ on: time | off ÷ on: driver traffic |", "|---|---:|---:|"]
     for case, rt in result["ratios"].items():
         t, d = rt["time_off_on"], rt["driver_traffic_off_on"]
