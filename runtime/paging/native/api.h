@@ -166,6 +166,8 @@ typedef struct {
     uint64_t shootdowns;        /* zero copy: pages unmapped before a driver write */
     uint64_t prefetched_pages;  /* made resident by clamor_worker_prefetch (mapped or fetched) */
     uint64_t prefetch_requests; /* GET requests prefetch sent (runs of pages batched, pipelined) */
+    uint64_t pending_waits;     /* peer requests this page server held until its own copy arrived */
+    uint64_t pending_timeouts;  /* ... of which it answered NOT_HELD after the bounded wait */
 } clamor_worker_stats;
 
 int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,

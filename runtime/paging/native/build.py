@@ -28,6 +28,7 @@ SOURCES = [
     "write_tracking.c",
     "worker_pager.c",
     "worker_fetch.c",
+    "worker_pending.c",
     "tls.c",
 ]
 

@@ -35,6 +35,7 @@ void cl_dir_free(cl_dir *d) {
 
 void cl_dir_set_live(cl_dir *d, uint32_t w, int live) {
     if (w >= CL_MAX_WORKERS) return;
+    __atomic_store_n(&d->redirect_load[w], 0, __ATOMIC_RELAXED); /* a new (or no) page server */
     if (live) atomic_fetch_or_explicit(&d->live[w / 64], 1ull << (w % 64), memory_order_release);
     else atomic_fetch_and(&d->live[w / 64], ~(1ull << (w % 64)));
 }
@@ -165,7 +166,9 @@ static uint32_t nth_bit(uint64_t x, uint32_t k) {
 }
 
 /* A holder of page p other than `client` to redirect it to: two random choices among the
- * live ones, the one with fewer redirects so far wins. -1: none. */
+ * live ones, the one with fewer outstanding redirects wins (the paper's "power of two
+ * choices": a holder that is still sending, or still waiting for its own copy, is
+ * chosen less). -1: none. */
 int64_t cl_dir_pick(cl_dir *d, uint64_t p, uint32_t client) {
     const dir_entry *e = &d->dir[p];
     holder_bits *b = big(d, e);
@@ -191,8 +194,36 @@ int64_t cl_dir_pick(cl_dir *d, uint64_t p, uint32_t client) {
             choice[k] = j * 64 + nth_bit(m[j], r);
         }
     }
-    uint32_t c = d->redirect_load[choice[0]] <= d->redirect_load[choice[1]] ? choice[0] : choice[1];
+    uint64_t l0 = __atomic_load_n(&d->redirect_load[choice[0]], __ATOMIC_RELAXED);
+    uint64_t l1 = __atomic_load_n(&d->redirect_load[choice[1]], __ATOMIC_RELAXED);
+    uint32_t c = l0 <= l1 ? choice[0] : choice[1];
     __atomic_fetch_add(&d->redirect_load[c], 1, __ATOMIC_RELAXED);
     return c;
+}
+
+/* Why the client becomes a holder at the redirect, not at its CL_HAVE: in a burst every
+ * worker asks for p before anyone has it, and without this each would be sent to the
+ * first holder (or to the driver). The redirected peer may itself still be waiting for
+ * its copy; it waits a bounded time (worker_pending.c), and a client whose peer fails
+ * asks the driver again (cl_dir_failed), so a wrong hint costs time, never bytes.
+ * Chains cannot wait in a circle: for one page, a client only ever waits for holders
+ * listed before it; across pages, a worker fetches its redirected pages in ascending
+ * order (worker_fetch.c). */
+int64_t cl_dir_redirect(cl_dir *d, uint64_t p, uint32_t client) {
+    int64_t pick = cl_dir_pick(d, p, client);
+    if (pick >= 0) cl_dir_add(d, p, client);
+    return pick;
+}
+
+void cl_dir_served(cl_dir *d, uint32_t peer) {
+    if (peer >= CL_MAX_WORKERS) return;
+    uint64_t n = __atomic_load_n(&d->redirect_load[peer], __ATOMIC_RELAXED);
+    while (n && !__atomic_compare_exchange_n(&d->redirect_load[peer], &n, n - 1, 1, __ATOMIC_RELAXED,
+                                             __ATOMIC_RELAXED)) {} /* never below 0: reset by set_live */
+}
+
+void cl_dir_failed(cl_dir *d, uint64_t p, uint32_t peer) {
+    cl_dir_remove(d, p, peer);
+    cl_dir_served(d, peer);
 }
 

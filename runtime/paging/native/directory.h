@@ -53,7 +53,7 @@ typedef struct {
     uint32_t bits_used, bits_free; /* bitmaps handed out ever; the free list's head + 1 (0: empty) */
     pthread_mutex_t pool;
     _Atomic uint64_t live[DIR_WORDS]; /* workers with a page server to redirect to */
-    uint64_t redirect_load[CL_MAX_WORKERS];
+    uint64_t redirect_load[CL_MAX_WORKERS]; /* per worker: redirects to it not yet served */
     uint64_t *bytes, *bitmaps; /* the driver's stats: directory_bytes, holder_bitmaps */
 } cl_dir;
 
@@ -68,8 +68,16 @@ void cl_dir_clear(cl_dir *d, uint64_t p);
 /* Page p's holders, ascending, into out (room for CL_MAX_WORKERS); how many. */
 uint32_t cl_dir_list(const cl_dir *d, uint64_t p, uint16_t *out);
 /* A live holder of p other than `client` to redirect it to (two random choices, fewer
- * redirects so far wins); -1: none. */
+ * outstanding redirects wins); -1: none. */
 int64_t cl_dir_pick(cl_dir *d, uint64_t p, uint32_t client);
+/* Fan-out: picks as cl_dir_pick and, when it finds one, lists `client` as a holder of p
+ * at once (a holder-to-be: its page server waits for its copy, see worker_pending.c), so
+ * that a burst of requests for p spreads over a tree of peers instead of one. */
+int64_t cl_dir_redirect(cl_dir *d, uint64_t p, uint32_t client);
+/* One redirect to `peer` ended: the client got the page (its CL_HAVE) or gave up. */
+void cl_dir_served(cl_dir *d, uint32_t peer);
+/* The client's redirect to `peer` for p failed: p is no longer held there. */
+void cl_dir_failed(cl_dir *d, uint64_t p, uint32_t peer);
 
 /* Read without the stripe lock: a hint. */
 static inline uint16_t cl_dir_count(const cl_dir *d, uint64_t p) {

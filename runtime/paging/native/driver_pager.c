@@ -16,11 +16,12 @@
  * running task goes on reading the sealed version, now from the version log.
  * Between stages nothing is shot down: every task unmaps all pages when it starts.
  *
- * Directory: which workers hold the current version of each page. A GET for
- * a page that some other worker holds is answered with REDIRECT to one of
- * them (two random choices, the less loaded wins), which is how hot pages
- * replicate; a client whose redirect failed asks again with NO_REDIRECT. A
- * worker that evicts a page for room says so (CL_HAVE with CL_HAVE_DROPPED).
+ * Directory: which workers hold (or are being sent) the current version of each
+ * page. A GET for a page that some other worker holds is answered with REDIRECT to
+ * one of them (two random choices, fewer outstanding redirects wins) and the client
+ * is listed at once (cl_dir_redirect: a burst fans out as a tree); a client whose
+ * redirect failed asks again with NO_REDIRECT. A worker that evicts a page for
+ * room says so (CL_HAVE with CL_HAVE_DROPPED).
  *
  * The directory's layout is in directory.h.
  */
@@ -233,8 +234,7 @@ static void on_write_fault(uint64_t addr) {
             cl_log("out of memory copying page %llu into the version log", (unsigned long long)p);
             abort();
         }
-        e->version = D.version[p];
-        e->valid_until = CL_OPEN_ENDED;
+        e->version = D.version[p], e->valid_until = CL_OPEN_ENDED;
         memcpy(e->data, D.base + p * D.ps, D.ps);
         e->next = D.log[p];
         D.log[p] = e;
@@ -457,10 +457,10 @@ static void answer(void *ctx, uint32_t client, const cl_msg *req, uint64_t p, in
     pthread_mutex_t *m = cl_stripe(&D.stripes, p);
     pthread_mutex_lock(m);
     D.requests[p]++;
-    if (req->aux2 && req->aux2 <= CL_MAX_WORKERS) cl_dir_remove(&D.dir, p, req->aux2 - 1); /* its redirect failed */
+    if (req->aux2 && req->aux2 <= CL_MAX_WORKERS) cl_dir_failed(&D.dir, p, req->aux2 - 1); /* its redirect failed */
     int worker = client < CL_MAX_WORKERS;
     if (D.version[p] <= E && may_redirect && D.replication && worker && cl_dir_count(&D.dir, p)) {
-        int64_t pick = cl_dir_pick(&D.dir, p, client);
+        int64_t pick = cl_dir_redirect(&D.dir, p, client); /* the client is a holder-to-be now */
         if (pick >= 0) {
             uint32_t peer_id = (uint32_t)pick;
             a->kind = CL_ANSWER_REDIRECT;
@@ -498,8 +498,8 @@ static void have(void *ctx, uint32_t client, const cl_msg *msg) {
         D.driver_bytes[p] += D.ps;
         ADD(shm_bytes, D.ps);
     } else {
-        D.peer_bytes[p] += D.ps;
-        ADD(peer_bytes, D.ps);
+        D.peer_bytes[p] += D.ps, ADD(peer_bytes, D.ps);
+        cl_dir_served(&D.dir, msg->aux - 1); /* that peer's redirect is done */
     }
     pthread_mutex_unlock(m);
 }

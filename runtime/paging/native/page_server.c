@@ -58,7 +58,8 @@ static int serve_get(cl_server *s, int fd, uint32_t client, const cl_msg *req, u
         count(svc->bad_requests, 1);
         return send_error(fd, req->page, CL_ERR_PAGE_RANGE);
     }
-    int may_redirect = n == 1 && !(req->flags & CL_GET_NO_REDIRECT);
+    /* A batch is answered page by page, each PAGE or (with CL_GET_BATCH_REDIRECT) REDIRECT. */
+    int may_redirect = (n == 1 || (req->flags & CL_GET_BATCH_REDIRECT)) && !(req->flags & CL_GET_NO_REDIRECT);
     for (uint64_t i = 0; i < n; i++) {
         uint64_t page = req->page + i;
         cl_answer a = {0};

@@ -23,7 +23,7 @@ typedef struct {
     uint64_t page_size;
     uint64_t num_pages;
     /* Fills `buf` (page_size bytes) for a PAGE answer. `may_redirect` is 0 for
-     * read-ahead batches and for requests flagged CL_GET_NO_REDIRECT. */
+     * requests flagged CL_GET_NO_REDIRECT and for batches without CL_GET_BATCH_REDIRECT. */
     void (*answer)(void *ctx, uint32_t client, const cl_msg *req, uint64_t page,
                    int may_redirect, uint8_t *buf, cl_answer *out);
     /* CL_HAVE notifications (a page got elsewhere, or dropped: CL_HAVE_DROPPED);

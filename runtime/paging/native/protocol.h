@@ -35,7 +35,9 @@ enum cl_error {
     CL_ERR_AUTH = 5,
 };
 
-enum cl_get_flags { CL_GET_NO_REDIRECT = 1 };
+/* CL_GET_BATCH_REDIRECT: each page of a batch may be answered with REDIRECT instead of
+ * PAGE (the client handles both, in order); without it only one-page GETs are. */
+enum cl_get_flags { CL_GET_NO_REDIRECT = 1, CL_GET_BATCH_REDIRECT = 2 };
 
 /* CL_HAVE_DROPPED: the client evicted the page for room and no longer holds any
  * version of it (epoch and aux unused); the driver clears its holder bit so it

@@ -123,7 +123,8 @@ broken:
     return -1;
 }
 
-/* Fetches the latest version <= E of page p into its cache slot. */
+/* Fetches the latest version <= E of page p into its cache slot (the caller installs it,
+ * with p marked pending meanwhile: see resolve_fault). */
 void fetch(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
     if (fetch_shm(p, E, v) == 0) {
         *hi = CL_OPEN_ENDED;
@@ -179,21 +180,13 @@ static void read_ahead(uint64_t p, uint64_t n, uint32_t E) {
         }
         return;
     }
-    int fd = driver(p);
-    cl_msg g = cl_make(CL_GET, p, E, (uint32_t)n), m;
-    g.flags = CL_GET_NO_REDIRECT;
-    if (cl_send_msg(fd, &g, NULL)) goto io_error;
-    for (uint64_t i = 0; i < n; i++) {
-        if (cl_recv_msg(fd, &m)) goto io_error;
-        if (m.type == CL_ERROR) return;
-        make_room(p + i);
-        if (recv_page(fd, &m, p + i)) goto io_error;
-        install(p + i, m.epoch, m.aux);
-        ADD(from_driver, 1), ADD(readahead_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
-    }
-    return;
-io_error:
-    reset_driver(); /* the pages not received are simply fetched on demand */
+    /* Over TCP: one batch, whose pages the driver may redirect to peers that hold them
+     * (or are being sent them): a burst of workers scanning the same pages fans out. */
+    uint64_t *pages = malloc(n * sizeof *pages);
+    if (!pages) return; /* the pages are simply fetched on demand */
+    for (uint64_t i = 0; i < n; i++) pages[i] = p + i;
+    fetch_missing(pages, n, E, FETCH_READAHEAD);
+    free(pages);
 }
 
 void maybe_read_ahead(uint64_t p, uint32_t E) {
@@ -226,39 +219,40 @@ static int by_page(const void *a, const void *b) {
 }
 void qsort_pages(uint64_t *pages, uint64_t n) { qsort(pages, n, sizeof *pages, by_page); }
 
-/* A page the driver redirected to a peer holding it. */
+/* A page the driver redirected to a peer holding it (or being sent it). */
 typedef struct {
     uint64_t page;
     uint32_t peer, ip, port;
+    int *fd; /* the connection to the peer; NULL once it failed */
 } redirected;
 
-static void redirected_swap(redirected *a, redirected *b) {
-    redirected t = *a;
-    *a = *b, *b = t;
-}
-
-/* Installs page p (answer m on fd) for the running task and maps it (which wakes the
- * threads faulting on it). `prefetch`: asked by clamor.prefetch, not by faults. */
-static int take_page(int fd, const cl_msg *m, uint64_t p, int prefetch) {
+/* Installs page p (answer m on fd) as `mode` says (FETCH_*): for a fault or a prefetch it
+ * is recorded in the read set and mapped (which wakes the threads faulting on it); read
+ * ahead, it is only cached. */
+static int take_page(int fd, const cl_msg *m, uint64_t p, int mode) {
     make_room(p);
     if (recv_page(fd, m, p)) return -1;
     install(p, m->epoch, m->aux);
-    record(p, m->epoch);
-    map_cached(p);
-    if (prefetch) ADD(prefetched_pages, 1);
-    else ADD(faults, 1), ADD(pipelined_faults, 1);
+    if (mode == FETCH_READAHEAD) {
+        ADD(readahead_pages, 1);
+    } else {
+        record(p, m->epoch);
+        map_cached(p);
+        if (mode == FETCH_PREFETCH) ADD(prefetched_pages, 1);
+        else ADD(faults, 1), ADD(pipelined_faults, 1);
+    }
     ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
     return 0;
 }
 
 /* Fetches pages (sorted; none cached for E) from the driver with up to PREFETCH_WINDOW
- * GETs in flight, consecutive pages batched into one GET, and installs them. A lone
- * page may be answered with REDIRECT to a peer that holds it (how hot pages replicate):
- * those go into `redir` (room for n) unless `no_redirect`. A page the driver refuses,
- * or that a broken connection leaves out, is fetched on its fault. Returns how many it
- * installed; *nredir says how many were redirected. */
-static uint64_t fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E, int no_redirect,
-                                redirected *redir, uint64_t *nredir, int prefetch) {
+ * GETs in flight, consecutive pages batched into one GET (CL_GET_BATCH_REDIRECT), and
+ * installs them. Any page may be answered with REDIRECT to a peer that holds it (how hot
+ * pages replicate): those go into `redir` (room for n, in page order). A page the driver
+ * refuses, or that a broken connection leaves out, is fetched on its fault. Returns how
+ * many it installed; *nredir says how many were redirected. */
+static uint64_t fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E, redirected *redir,
+                                uint64_t *nredir, int mode) {
     struct { uint64_t first, n; } q[PREFETCH_WINDOW];
     uint64_t next = 0, head = 0, len = 0, got = 0;
     *nredir = 0;
@@ -269,11 +263,11 @@ static uint64_t fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E, i
             uint64_t first = pages[next], k = 1;
             while (next + k < n && pages[next + k] == first + k && k < CL_MAX_BATCH) k++;
             cl_msg g = cl_make(CL_GET, first, E, (uint32_t)k);
-            g.flags = no_redirect || k > 1 ? CL_GET_NO_REDIRECT : 0;
+            g.flags = k > 1 ? CL_GET_BATCH_REDIRECT : 0;
             if (cl_send_msg(fd, &g, NULL)) goto io_error;
             q[(head + len) % PREFETCH_WINDOW].first = first, q[(head + len) % PREFETCH_WINDOW].n = k;
             len++, next += k;
-            ADD(prefetch_requests, 1);
+            if (mode != FETCH_READAHEAD) ADD(prefetch_requests, 1);
         }
         uint64_t first = q[head].first, k = q[head].n;
         head = (head + 1) % PREFETCH_WINDOW, len--;
@@ -281,11 +275,11 @@ static uint64_t fetch_pipelined(const uint64_t *pages, uint64_t n, uint32_t E, i
             if (cl_recv_msg(fd, &m)) goto io_error;
             if (m.type == CL_ERROR) break; /* the rest of this GET is not answered */
             if (m.type == CL_REDIRECT) {
-                redir[(*nredir)++] = (redirected){first, m.aux, m.aux2, m.flags};
+                redir[(*nredir)++] = (redirected){first + i, m.aux, m.aux2, m.flags, NULL};
                 ADD(redirects, 1);
-                break; /* a redirect answers a one-page GET */
+                continue;
             }
-            if (take_page(fd, &m, first + i, prefetch)) goto io_error;
+            if (take_page(fd, &m, first + i, mode)) goto io_error;
             ADD(from_driver, 1);
             got++;
         }
@@ -296,62 +290,77 @@ io_error:
     return got;
 }
 
-/* Fetches the pages redirected to one peer (r[0..n), same peer) with every GET in
- * flight at once. Returns how many it installed; the rest are left to the caller. */
-static uint64_t fetch_from_peer(const redirected *r, uint64_t n, uint32_t E, int prefetch) {
-    uint32_t peer = r[0].peer;
-    int *fd = peer_connection(peer, r[0].ip, r[0].port);
-    if (!fd) return 0;
-    for (uint64_t i = 0; i < n; i++) {
-        cl_msg g = cl_make(CL_GET, r[i].page, E, 1);
-        g.flags = CL_GET_NO_REDIRECT;
-        if (cl_send_msg(*fd, &g, NULL)) goto broken;
-    }
-    uint64_t got = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        cl_msg m;
-        if (cl_recv_msg(*fd, &m)) goto broken;
-        if (m.type == CL_ERROR) continue; /* no longer held there: the caller asks the driver */
-        if (take_page(*fd, &m, r[i].page, prefetch)) goto broken;
-        tell_driver(r[i].page, m.epoch, peer + 1);
-        ADD(from_peers, 1);
-        got++;
-    }
-    return got;
-broken: /* the peer died or hung up mid-stream: what it did not send comes from the driver */
-    cl_close(*fd), *fd = -1;
+/* Page p from the driver itself, now (NO_REDIRECT), after its redirect to `failed`
+ * (peer id + 1) failed, which the driver drops from p's holders. 1: installed. */
+static int from_driver_instead(uint64_t p, uint32_t E, uint32_t failed, int mode) {
+    ADD(peer_fallbacks, 1);
+    int fd = driver(p);
+    cl_msg g = cl_make(CL_GET, p, E, 1), m;
+    g.flags = CL_GET_NO_REDIRECT;
+    g.aux2 = failed;
+    if (cl_send_msg(fd, &g, NULL) || cl_recv_msg(fd, &m)) goto io_error;
+    if (m.type != CL_PAGE) return 0; /* refused: left to its fault */
+    if (take_page(fd, &m, p, mode)) goto io_error;
+    ADD(from_driver, 1);
+    return 1;
+io_error:
+    reset_driver();
     return 0;
 }
 
-/* Prefetches `missing` (sorted, none cached): from the driver, and what it redirects
- * from the peers holding it, each peer's pages as one stream. Pages a peer fails to
- * send (it died, or dropped them) are asked of the driver again, which then serves
- * them itself (and forgets that holder). */
-uint64_t fetch_missing(const uint64_t *missing, uint64_t m, uint32_t E, int prefetch) {
-    redirected *redir = malloc(m * sizeof *redir);
-    uint64_t *again = malloc(m * sizeof *again);
-    if (!redir || !again) {
-        free(redir), free(again);
-        return 0;
-    }
-    uint64_t nredir = 0, nagain = 0, unused, done = fetch_pipelined(missing, m, E, 0, redir, &nredir, prefetch);
-    for (uint64_t i = 0; i < nredir;) { /* redir is in page order: group by peer */
-        uint32_t peer = redir[i].peer;
-        uint64_t k = 0;
-        for (uint64_t j = i; j < nredir; j++)
-            if (redir[j].peer == peer) redirected_swap(&redir[i + k++], &redir[j]);
-        done += fetch_from_peer(redir + i, k, E, prefetch);
-        for (uint64_t j = i; j < i + k; j++) {
-            uint32_t v, hi;
-            if (cached_for(redir[j].page, E, &v, &hi) != 1) again[nagain++] = redir[j].page, ADD(peer_fallbacks, 1);
+/* Fetches the redirected pages r[0..n) (in page order) from their peers: every GET is
+ * sent first, each peer's as one stream, then the answers are read in page order, so
+ * this worker only ever waits for the lowest page it lacks. That order is what keeps
+ * holders-to-be from waiting in a circle: a peer waiting here for page a may itself be
+ * waited for, but only for pages above a (or for a, which a chain of earlier holders
+ * ending at one the driver served brings). A page a peer fails to send (it died, hung,
+ * timed out waiting for its own copy, or dropped it) is fetched from the driver at
+ * once, before the next, for the same reason. Returns how many it installed. */
+static uint64_t fetch_from_peers(redirected *r, uint64_t n, uint32_t E, int mode) {
+    uint64_t got = 0, unreachable[CL_MAX_WORKERS / 64] = {0}; /* connect once per peer */
+    for (uint64_t i = 0; i < n; i++) { /* connect and send */
+        uint32_t w = r[i].peer;
+        r[i].fd = w < CL_MAX_WORKERS && !(unreachable[w / 64] >> (w % 64) & 1) ? peer_connection(w, r[i].ip, r[i].port) : NULL;
+        if (!r[i].fd) {
+            if (w < CL_MAX_WORKERS) unreachable[w / 64] |= 1ull << (w % 64);
+            continue;
         }
-        i += k;
+        cl_msg g = cl_make(CL_GET, r[i].page, E, 1);
+        g.flags = CL_GET_NO_REDIRECT;
+        if (cl_send_msg(*r[i].fd, &g, NULL)) cl_close(*r[i].fd), *r[i].fd = -1, r[i].fd = NULL;
     }
-    if (nagain) {
-        qsort_pages(again, nagain);
-        done += fetch_pipelined(again, nagain, E, 1, redir, &unused, prefetch);
+    for (uint64_t i = 0; i < n; i++) { /* receive in page order */
+        cl_msg m;
+        int *fd = r[i].fd;
+        if (fd && *fd >= 0 && cl_recv_msg(*fd, &m) == 0) {
+            if (m.type != CL_ERROR) {
+                if (take_page(*fd, &m, r[i].page, mode) == 0) {
+                    tell_driver(r[i].page, m.epoch, r[i].peer + 1);
+                    ADD(from_peers, 1);
+                    got++;
+                    continue;
+                }
+                cl_close(*fd), *fd = -1; /* broken mid-page */
+            }
+        } else if (fd && *fd >= 0) {
+            cl_close(*fd), *fd = -1; /* died or hung up: its later pages fail too */
+        }
+        got += (uint64_t)from_driver_instead(r[i].page, E, r[i].peer + 1, mode);
     }
-    free(redir), free(again);
+    return got;
+}
+
+/* Fetches `missing` (sorted, none cached): from the driver, and what it redirects from
+ * the peers holding it (fetch_from_peers). The pages are pending meanwhile: the driver
+ * lists us as their holder at once, and peers redirected here wait for our copy. */
+uint64_t fetch_missing(const uint64_t *missing, uint64_t m, uint32_t E, int mode) {
+    redirected *redir = malloc(m * sizeof *redir);
+    if (!redir) return 0;
+    pending_mark(missing, m, 1);
+    uint64_t nredir = 0, done = fetch_pipelined(missing, m, E, redir, &nredir, mode);
+    if (nredir) done += fetch_from_peers(redir, nredir, E, mode);
+    pending_mark(missing, m, 0);
+    free(redir);
     return done;
 }
 

@@ -73,6 +73,7 @@ void install(uint64_t p, uint32_t v, uint32_t hi) {
     pthread_mutex_unlock(m);
     referenced(p);
     if (p + 1 > W.clock_end) W.clock_end = p + 1;
+    pending_arrived(); /* peers may be waiting for it (worker_pending.c) */
 }
 
 void tell_dropped(uint64_t p);
@@ -313,8 +314,12 @@ static void resolve_fault(uint64_t p, uint64_t flags, uint64_t addr) {
     uint32_t E = atomic_load(&W.epoch), v, hi;
     ADD(faults, 1);
     make_room(p);
+    /* Pending from before the request until installed: the driver may list us as p's
+     * holder as soon as it answers, and peers redirected here wait for our copy. */
+    pending_mark(&p, 1, 1);
     fetch(p, E, &v, &hi);
     install(p, v, hi);
+    pending_mark(&p, 1, 0);
     ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
     record(p, v);
     map_cached(p);
@@ -360,17 +365,23 @@ static void *fault_main(void *arg) {
 
 /* --------------------------------------------------------- page server -- */
 
+/* A page not held yet but being fetched here (the driver listed us as a holder-to-be)
+ * is waited for, a bounded time (worker_pending.c). */
 static void answer(void *ctx, uint32_t client, const cl_msg *req, uint64_t p, int may_redirect,
                    uint8_t *buf, cl_answer *a) {
     (void)ctx, (void)client, (void)may_redirect;
     pthread_mutex_t *m = cl_stripe(&W.stripes, p);
-    pthread_mutex_lock(m);
-    uint32_t v1 = W.cver1[p], hi = W.cvalid[p], E = req->epoch;
-    if (!v1 || v1 - 1 > E || E > hi) {
+    uint32_t v1, hi, E = req->epoch;
+    for (int waited = 0;; waited = 1) {
+        pthread_mutex_lock(m);
+        v1 = W.cver1[p], hi = W.cvalid[p];
+        if (v1 && v1 - 1 <= E && E <= hi) break; /* held, stripe lock kept */
         pthread_mutex_unlock(m);
-        a->kind = CL_ANSWER_ERROR;
-        a->error = CL_ERR_NOT_HELD;
-        return;
+        if (waited || !pending_wait(p, E)) {
+            a->kind = CL_ANSWER_ERROR;
+            a->error = CL_ERR_NOT_HELD;
+            return;
+        }
     }
     ssize_t n = pread(W.cache_fd, buf, W.ps, (off_t)(p * W.ps));
     pthread_mutex_unlock(m);
@@ -463,8 +474,9 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
     W.cver1 = calloc(W.npages, sizeof *W.cver1);
     W.cvalid = calloc(W.npages, sizeof *W.cvalid);
     W.readmark = calloc(W.npages, sizeof *W.readmark);
+    W.pending = calloc(W.npages, 1);
     W.refbits = calloc((W.npages + 63) / 64, sizeof *W.refbits);
-    if (!W.cver1 || !W.cvalid || !W.readmark || !W.refbits) return CL_ERR("out of memory for the page tables");
+    if (!W.cver1 || !W.cvalid || !W.readmark || !W.refbits || !W.pending) return CL_ERR("out of memory for the page tables");
     W.buf = malloc(page_size);
     if (!W.buf) return CL_ERR("out of memory for a page buffer");
     memset(W.buf, 0, page_size); /* warm: received pages never fault here */

@@ -46,6 +46,7 @@ typedef struct {
     uint32_t *cver1;  /* cached version + 1; 0 = not cached */
     uint32_t *cvalid; /* last epoch the cached bytes are valid for */
     uint32_t *readmark;
+    uint8_t *pending;  /* pages the fetch paths are after right now (worker_pending.c) */
     cl_stripes stripes;
     _Atomic uint32_t epoch, task_seq;
     pthread_mutex_t rs_lock;
@@ -86,8 +87,9 @@ void make_room(uint64_t keep);
 void map_cached(uint64_t p);
 int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len);
 /* Fetches pages (sorted, none cached for E) as pipelined streams from the driver and
- * the peers it redirects to, and maps them; how many it installed. Fetch lock held. */
-uint64_t fetch_missing(const uint64_t *pages, uint64_t n, uint32_t E, int prefetch);
+ * the peers it redirects to, and installs them as `mode` says (FETCH_*); how many it
+ * installed. Fetch lock held. */
+uint64_t fetch_missing(const uint64_t *pages, uint64_t n, uint32_t E, int mode);
 void qsort_pages(uint64_t *pages, uint64_t n);
 void mark_touched(uint64_t p);
 void record(uint64_t p, uint32_t v);
@@ -96,6 +98,13 @@ void tell_dropped(uint64_t p);
 int driver(uint64_t page);
 void fetch(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi);
 void maybe_read_ahead(uint64_t p, uint32_t E);
+/* worker_pending.c: pages being fetched, which the page server may wait for. */
+void pending_mark(const uint64_t *pages, uint64_t n, int on);
+void pending_arrived(void);
+int pending_wait(uint64_t p, uint32_t E);
+/* How fetch_missing installs a page: for a fault (mapped, recorded in the read set), for
+ * clamor.prefetch (the same, counted as prefetched), or read ahead (cached only). */
+enum { FETCH_FAULT = 0, FETCH_PREFETCH = 1, FETCH_READAHEAD = 2 };
 
 #pragma GCC visibility pop
 

@@ -106,9 +106,14 @@ def test_a_page_held_by_1000_workers(pager, data):
     asker = MAX_WORKERS - 1  # a worker id that holds nothing
     with pc.PageClient("127.0.0.1", pager.port, TOKEN, client_id=asker) as c:
         named = redirects(c, hot, epoch, 4000)
-    # 4,000 redirects over 1,000 holders: two random choices (fewer redirects so far wins)
+    # 4,000 redirects over 1,000 holders: two random choices (fewer outstanding redirects wins)
     # keep every holder near 4; one random choice would leave ~2 % of them unused.
     assert len(named) >= 990 and max(named.values()) <= 8
+    # A redirected client is listed as a holder at once (a holder-to-be: a burst fans out
+    # over a tree of peers); this one never fetches, so it says it dropped the page.
+    assert asker in holders(pager, hot)
+    with pc.PageClient("127.0.0.1", pager.port, TOKEN, client_id=asker) as c:
+        tell(c, hot, epoch, dropped=True)
 
     with pc.PageClient("127.0.0.1", pager.port, TOKEN, client_id=7) as c:  # a holder itself
         assert 7 not in redirects(c, hot, epoch, 500)
@@ -169,6 +174,27 @@ def test_holders_of_many_pages_and_invalidation(pager, data):
     assert set(invalidated) >= set(want)
     assert pager.page_holders(first, 8)[0].tolist() == [0] * 8
     assert pager.stats()["driver"]["holder_bitmaps"] == bitmaps
+
+
+def test_a_burst_fans_out_over_holders_to_be(pager, data):
+    """63 workers ask for a page that one holds, all before any of them has it (a burst at
+    stage start): each is listed as a holder at its redirect, so the later ones are sent
+    to the earlier ones, as a tree, instead of all to the first (a star on one uplink)."""
+    data[7 * PAGE // 8 : 8 * PAGE // 8] += 0.25  # page 7 anew: no holders
+    epoch, _ = stage(pager)
+    page = page_of(data, 7)
+    for w in range(64):  # no outstanding redirects from earlier tests
+        assert lib.clamor_driver_set_peer(w, b"127.0.0.1", PORT0 + w) == 0
+    fetch_as(pager, [0], page, epoch)
+    named: collections.Counter = collections.Counter()
+    for w in range(1, 64):
+        with pc.PageClient("127.0.0.1", pager.port, TOKEN, client_id=w) as c:
+            (reply,) = c.get(page, epoch, flags=0)
+            assert reply.type == pc.REDIRECT and reply.aux < w  # to a holder listed before it
+            named[reply.aux] += 1
+    assert holders(pager, page) == list(range(64))
+    assert named[0] <= 6 and max(named.values()) <= 6, named  # a star would be {0: 63}
+    assert len(named) >= 16, named
 
 
 def test_client_ids_past_the_limit_leave_no_trace(pager, data):
