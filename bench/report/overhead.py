@@ -71,7 +71,7 @@ def render(result: dict) -> str:
 
     pk = ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v)
     lines = [
-        "# Overhead of empty tasks on 2 workers: Clamor vs. Dask, Ray, ipyparallel",
+        f"# Overhead of empty tasks on {p['workers']} workers: Clamor vs. Dask, Ray, ipyparallel",
         "",
         (
             f"Run {result['date']} on `{m['hostname']}`: nproc {m['nproc']} "

@@ -482,7 +482,8 @@ def child_main(system: str, n: int, reps: int, stages: int, out: Path) -> None:
 def run_child(system: str, args: argparse.Namespace) -> dict:
     """One system in its own child (:func:`harness.run_marked`); its rows, every row
     it did not finish marked unavailable with the reason."""
-    argv = ["--tasks", str(args.tasks), "--repeat", str(args.repeat), "--stages", str(args.stages)]
+    argv = ["--tasks", str(args.tasks), "--repeat", str(args.repeat), "--stages", str(args.stages),
+            "--workers", str(WORKERS)]  # fmt: skip
     run = run_marked(lambda out: [*workload_command(__file__), "--child", system,
                                   "--child-out", str(out), *argv], args.timeout)  # fmt: skip
     rows = run.output or {}
@@ -501,10 +502,13 @@ def run_child(system: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    global WORKERS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=None, help="N tasks per batch (2000)")
     ap.add_argument("--repeat", type=int, default=None, help="R repetitions (5)")
     ap.add_argument("--stages", type=int, default=None, help="S stages per run (200)")
+    ap.add_argument("--workers", type=int, default=WORKERS,
+                    help="worker processes per system (2); other than 2 writes overhead-W.json")  # fmt: skip
     ap.add_argument(
         "--quick", action="store_true", help="N=300, R=3, S=50 unless given"
     )
@@ -530,6 +534,7 @@ def main() -> None:
     ap.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    WORKERS = args.workers
     q = args.quick
     args.tasks = args.tasks or (300 if q else 2000)
     args.repeat = args.repeat or (3 if q else 5)
@@ -585,8 +590,9 @@ def main() -> None:
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     text = render(result)
-    (RESULTS / "overhead.md").write_text(text)
-    (RESULTS / "overhead.json").write_text(json.dumps(result, indent=1) + "\n")
+    name = "overhead" if WORKERS == 2 else f"overhead-{WORKERS}"
+    (RESULTS / f"{name}.md").write_text(text)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     print(text)
 
 
