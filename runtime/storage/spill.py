@@ -16,7 +16,7 @@ persisting what does not fit.)
 Tasks never notice: ``get`` reads a spilled partition back from its file or
 from the peer, and ``chunks`` serves it to whoever asks. Every move is queued
 for the driver (:meth:`SpillingStore.drain_moves`, sent with the next
-``TaskFinished``), so its registry, and with it task placement and lineage,
+results on the task stream), so its registry, and with it task placement and lineage,
 knows where each partition lives. A partition spilled to a peer belongs to
 that peer from then on; the stub left here forwards reads and drops that
 arrive before the driver knows.
@@ -200,7 +200,7 @@ class SpillingStore(PartitionStore):
             self._moves.append(pb.PartitionMove(key=encode_key(key), holder=holder, tier=tier, nbytes=nbytes))
 
     def drain_moves(self) -> list[pb.PartitionMove]:
-        """The moves since the last call, oldest first (sent with ``TaskFinished``)."""
+        """The moves since the last call, oldest first (sent with the next results)."""
         with self._lock:
             moves, self._moves = self._moves, []
         return moves

@@ -113,6 +113,10 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"no room for {first.nbytes} bytes")
         return pb.PutReply()
 
+    def DropPartitions(self, request, context):
+        self.store.drop(decode_key(k) for k in request.keys)
+        return pb.DropReply()
+
     def Stats(self, request, context):
         executor = self._ready(context)
         stats = {

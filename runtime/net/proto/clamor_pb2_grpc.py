@@ -344,6 +344,11 @@ class WorkerStub(object):
                 request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
                 response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PutReply.FromString,
                 )
+        self.DropPartitions = channel.unary_unary(
+                '/clamor.v1.Worker/DropPartitions',
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.DropRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.DropReply.FromString,
+                )
         self.Stats = channel.unary_unary(
                 '/clamor.v1.Worker/Stats',
                 request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.StatsRequest.SerializeToString,
@@ -382,6 +387,14 @@ class WorkerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DropPartitions(self, request, context):
+        """A peer that spilled partitions here drops them (the driver's drops come on the
+        worker's task stream, in order with its launches).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -411,6 +424,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.PutPartition,
                     request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.Chunk.FromString,
                     response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PutReply.SerializeToString,
+            ),
+            'DropPartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropPartitions,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.DropRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.DropReply.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -483,6 +501,23 @@ class Worker(object):
         return grpc.experimental.stream_unary(request_iterator, target, '/clamor.v1.Worker/PutPartition',
             clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.Chunk.SerializeToString,
             clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PutReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DropPartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/DropPartitions',
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.DropRequest.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.DropReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

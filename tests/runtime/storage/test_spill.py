@@ -105,7 +105,7 @@ def test_a_spilled_partition_whose_holder_is_killed_is_recomputed_through_lineag
     with clamor.Cluster(workers=2, worker_memory=BUDGETS, **STEADY) as cluster:
         a = persist_block(cluster, 0)
         persist_block(cluster, 8)  # a's partitions on worker 0 spill to worker 1
-        # a spill rides the worker's next TaskFinished: the last one may come just after
+        # a spill rides the worker's next results message: the last one may come just after
         deadline = time.monotonic() + 10
         while [h for h, _ in where(cluster, a)] != [1] * 8 and time.monotonic() < deadline:
             time.sleep(0.05)
