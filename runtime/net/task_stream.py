@@ -16,10 +16,10 @@ message rather than put an item ahead of one issued before it.
 Failure: the stream's end, either way and for any reason, means the worker is lost.
 A killed process resets the connection; a cut link fails the keepalive pings that
 ``transport`` sets on the driver's server and the workers' channels to it (the stream
-ends ~10 s after the cut, on both ends); a message that does
-not decode, or a second stream for the same worker, is refused with the reason. The
-driver then counts the worker lost (``on_end``: its attempts rerun elsewhere) and the
-worker exits, saying why (:func:`run_worker_stream`).
+ends ~10 s after the cut, on both ends); a message that does not decode, or a second
+stream for the same worker, is refused with the reason. The driver then counts the
+worker lost (``on_end``: its attempts rerun elsewhere) and the worker exits, saying
+why (:func:`run_worker_stream`).
 
 Driver side: :class:`DriverLink` (an outbox the executor fills without ever blocking,
 sent by the gRPC handler thread of the worker's ``Session``, and a reader thread
