@@ -278,11 +278,10 @@ class Cluster(ClusterInspection, DatasetSources):
                 (pb_grpc.add_SchedulerServicer_to_server, scheduler),
                 (pb_grpc.add_ObserverServicer_to_server, ObserverServicer(self)),
             ],
-            host=host,
-            # Each worker's task stream holds a handler thread for its lifetime; the pool
-            # starts threads only when needed, so the bound costs nothing by itself.
+            host=host,  # a task stream holds a thread for its life (threads start as needed):
             max_workers=MAX_WORKERS + max(8, min(64, n + 4)),
             tls=self._credentials.tls,
+            control=True,
         )
         self._launcher = launcher
         launcher.bind(self.address, self._credentials, host=host, log_dir=log_dir)
@@ -364,7 +363,7 @@ class Cluster(ClusterInspection, DatasetSources):
         if worker is None or worker.lost is not None or self._closed:
             return
         threading.Thread(
-            target=lambda: self._mark_lost(worker, f"{details}; {self._how_lost(worker)}"),
+            target=lambda: self._mark_lost(worker, f"{details}; {self._how_lost(worker, True)}"),
             name="clamor-lost",
             daemon=True,
         ).start()
@@ -417,22 +416,19 @@ class Cluster(ClusterInspection, DatasetSources):
             return self._launcher.alive(worker.id)
         return time.monotonic() - worker.last_heartbeat < HEARTBEAT_TIMEOUT
 
-    def _how_lost(self, worker: _Worker, error: grpc.RpcError | None = None) -> str:
-        """Describe a lost worker's end; a local worker that still runs is killed first."""
+    def _how_lost(self, worker: _Worker, unreachable: bool = False) -> str:
+        """Describe a lost worker's end; a local worker that still runs is killed first. An
+        ``unreachable`` remote one (its task stream ended) gets 2 s to tell its exit status."""
         if not worker.local:
             silent = time.monotonic() - worker.last_heartbeat
-            how = (
-                f"no heartbeat for {silent:.1f} s"
-                if error is None
-                else f"unreachable ({error.code().name}: {error.details()})"
-            )
-            code = self._launcher.exitcode(worker.id)
+            how = "" if unreachable else f"no heartbeat for {silent:.1f} s; "
+            code = self._launcher.wait(worker.id, 2.0) if unreachable else self._launcher.exitcode(worker.id)
             where = self._launcher.describe(worker.id)
-            return f"{how}; {where}" + ("" if code is None else f" {describe_exit(code)}")
+            return f"{how}{where}" + ("" if code is None else f" {describe_exit(code)}")
         code = self._launcher.wait(worker.id, 2.0)
         if code is None:  # unreachable but running: it cannot be trusted any more
             code = self._launcher.kill(worker.id)
-            return f"unreachable ({error.code().name if error else 'no reply'}); killed: {describe_exit(code)}"
+            return f"unreachable (no reply); killed: {describe_exit(code)}"
         return f"pid {worker.pid} {describe_exit(code)}"
 
     def _mark_lost(self, worker: _Worker, how: str) -> WorkerLostError:
@@ -570,7 +566,6 @@ class Cluster(ClusterInspection, DatasetSources):
     def holder(self, key: PartitionKey) -> int | None:
         """The worker (or ``DRIVER``) holding partition ``key``; ``None`` if nobody does."""
         return self._executor.holder(key)
-
 
     # --- inspection and faults ---
 

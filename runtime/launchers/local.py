@@ -265,9 +265,11 @@ class LocalLauncher(Launcher):
         return None if proc is None else proc.poll()
 
     def wait(self, worker_id: int, timeout: float | None = None) -> int | None:
-        """Wait up to ``timeout`` seconds for the worker to exit; its exit code or ``None``."""
+        """Wait up to ``timeout`` seconds for the worker to exit; its exit code or ``None``
+        (at once for a worker not started here)."""
+        proc = self._procs.get(worker_id)
         try:
-            return self._procs[worker_id].wait(timeout)
+            return None if proc is None else proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
 

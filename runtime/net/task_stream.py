@@ -15,10 +15,11 @@ message rather than put an item ahead of one issued before it.
 
 Failure: the stream's end, either way and for any reason, means the worker is lost.
 A killed process resets the connection; a cut link fails the keepalive pings that
-``transport`` sets on every channel and server (within ~10 s); a message that does
-not decode, or a second stream for the same worker, is refused with the reason. The
-driver then counts the worker lost (``on_end``: its attempts rerun elsewhere) and the
-worker exits, saying why (:func:`run_worker_stream`).
+``transport`` sets on the driver's server and the workers' channels to it (the stream
+ends ~10 s after the cut, on both ends); a message that does not decode, or a second
+stream for the same worker, is refused with the reason. The driver then counts the
+worker lost (``on_end``: its attempts rerun elsewhere) and the worker exits, saying
+why (:func:`run_worker_stream`).
 
 Driver side: :class:`DriverLink` (an outbox the executor fills without ever blocking,
 sent by the gRPC handler thread of the worker's ``Session``, and a reader thread
@@ -157,7 +158,7 @@ class DriverLink:
     def _read(self, requests: Iterator[bytes], on_results: OnResults, on_end: OnEnd) -> None:
         """The reader thread: results to ``on_results`` until the stream ends; then, unless
         the driver closed it, ``on_end`` with why."""
-        why, code = "the worker closed its task stream", grpc.StatusCode.OK
+        why, code = "its task stream ended (connection closed)", grpc.StatusCode.OK
         try:
             for data in requests:
                 try:
@@ -172,7 +173,7 @@ class DriverLink:
                     on_results(self.worker, message.reports, message.moved)
         except grpc.RpcError as exc:  # the server's own carries no code: the call is gone
             status = getattr(exc, "code", None)
-            why = "the task stream broke" + (f" ({status().name}: {exc.details()})" if status
+            why = "its task stream ended" + (f" ({status().name}: {exc.details()})" if status
                                              else " (connection lost or call cancelled)")  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - whatever handling the results raised
             why = f"the driver could not take worker {self.worker}'s results: {type(exc).__name__}: {exc}"

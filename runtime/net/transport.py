@@ -37,17 +37,23 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Keepalive: a call to a host whose link was cut (no RST ever comes) fails with
     # UNAVAILABLE ~10 s later instead of at its deadline (up to 600 s): ping every 5 s
-    # while calls are active, give up after 5 s; servers accept pings that often. Both
-    # ends ping (a worker's task stream is a call the driver serves). grpcio 1.85 waits
-    # for a ping's ack ping_timeout_ms (default 60 s), whatever keepalive_timeout_ms
-    # says: a stopped peer's stream ended after ~60 s, with it after ~10 s.
+    # while calls are active, give up after 5 s; servers accept pings that often.
+    # (grpcio 1.85 waits for the ack ping_timeout_ms, 60 s by default: see _CONTROL_OPTIONS.)
     ("grpc.keepalive_time_ms", 5000),
     ("grpc.keepalive_timeout_ms", 5000),
-    ("grpc.http2.ping_timeout_ms", 5000),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 4000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+
+#: The driver's control plane (its Scheduler server, the workers' channels to it) also
+#: bounds the wait for a ping's ack: grpcio 1.85 ends a connection whose peer stopped
+#: answering only after ping_timeout_ms (60 s by default), whatever keepalive_timeout_ms
+#: says; with it, a worker's task stream ends ~10 s after a link is cut, on both ends.
+#: Not between workers: a fetch from a peer whose link was cut must keep failing later
+#: than the driver notices the loss, so that the scheduler sees the input missing and
+#: recomputes it rather than failing the stage.
+_CONTROL_OPTIONS = [("grpc.http2.ping_timeout_ms", 5000)]
 
 
 # --- addresses and tokens -----------------------------------------------------
@@ -150,15 +156,18 @@ def create_server(
     port: int = 0,
     max_workers: int = 8,
     tls: TLSMaterial | None = None,
+    control: bool = False,
 ) -> tuple[Server, str]:
     """Start a gRPC server on ``host:port`` (0: any free port) that checks the token.
 
     ``services`` are ``(add_XServicer_to_server, servicer)`` pairs. With ``tls``,
     the server accepts only TLS clients presenting a certificate of the cluster's
-    CA. Returns the started server and its ``host:port`` address.
+    CA. ``control``: the driver's (:data:`_CONTROL_OPTIONS`). Returns the started
+    server and its ``host:port`` address.
     """
     pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=_HANDLER_THREADS)
-    server = grpc.server(pool, interceptors=[_AuthInterceptor(token)], options=_CHANNEL_OPTIONS)
+    options = _CHANNEL_OPTIONS + (_CONTROL_OPTIONS if control else [])
+    server = grpc.server(pool, interceptors=[_AuthInterceptor(token)], options=options)
     for add, servicer in services:
         add(servicer, server)
     where = format_address(host, port)
@@ -227,18 +236,21 @@ def connect(
     *,
     tls: TLSMaterial | None = None,
     protocol: str = PROTOCOL_VERSION,
+    control: bool = False,
 ) -> grpc.Channel:
     """A channel to ``address`` whose every call carries ``token`` and ``protocol``.
 
-    With ``tls``: a mutual-TLS channel that trusts only the cluster's CA.
+    With ``tls``: a mutual-TLS channel that trusts only the cluster's CA. ``control``:
+    a worker's channel to the driver (:data:`_CONTROL_OPTIONS`).
     """
+    options = _CHANNEL_OPTIONS + (_CONTROL_OPTIONS if control else [])
     if tls is None:
-        channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        channel = grpc.insecure_channel(address, options=options)
     else:
         credentials = grpc.ssl_channel_credentials(
             root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
         )
-        options = _CHANNEL_OPTIONS + [("grpc.ssl_target_name_override", TLS_SERVER_NAME)]
+        options = options + [("grpc.ssl_target_name_override", TLS_SERVER_NAME)]
         channel = grpc.secure_channel(address, credentials, options=options)
     metadata = [(TOKEN_METADATA_KEY, token), (PROTOCOL_METADATA_KEY, protocol)]
     return grpc.intercept_channel(channel, _MetadataInterceptor(metadata))

@@ -123,7 +123,7 @@ class Executor:
         self._min_ref_bytes = min_ref_bytes
         self._version_floor = version_floor
         self._trimmed_floor = 0
-        self._polled = 0.0  # when execute last polled (between stages: at most every POLL_INTERVAL)
+        self._polled = 0.0  # when execute last polled for lost workers
         self._released = 0  # epochs <= it are read by no stage any more (see _release)
         self._state = SchedulerState(
             window=window, speculation=speculation, speculation_factor=speculation_factor
@@ -370,8 +370,10 @@ class Executor:
                 "and the ones pinned by keep_versions or by lineage)"
             )
         with self._stage_lock:
-            if time.monotonic() - self._polled >= POLL_INTERVAL:  # and while the stage waits;
-                self._poll()  # a worker that dies also ends its task stream, which says so at once
+            # At most every POLL_INTERVAL here (and while the stage waits): a worker that
+            # dies also ends its task stream, which reports it at once.
+            if time.monotonic() - self._polled >= POLL_INTERVAL:
+                self._poll()
                 self._polled = time.monotonic()
             epoch, pages = self._paging.begin_stage()
             self.stages_run += 1

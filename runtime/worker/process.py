@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     server, address = create_server(
         token, [(pb_grpc.add_WorkerServicer_to_server, servicer)], host=host, max_workers=4, tls=tls
     )
-    scheduler = pb_grpc.SchedulerStub(connect(args.connect, token, tls=tls))
+    scheduler = pb_grpc.SchedulerStub(connect(args.connect, token, tls=tls, control=True))
     reply = _register(
         scheduler,
         args.connect,

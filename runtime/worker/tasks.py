@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -21,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import grpc
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.net import shipping
@@ -46,6 +48,9 @@ INLINE_REPLY_BYTES = 1 << 20
 INPUT_SOURCES = ("partitions_read_here", "partitions_fetched_from_peers", "partitions_fetched_from_driver")
 #: Programs of this many recent stages are kept.
 PROGRAM_CACHE = 16
+#: Seconds a peer that did not answer is waited for once more: the driver counts a worker
+#: lost at most ~10 s after the last message from it (task-stream pings, heartbeats).
+PEER_PATIENCE = 12.0
 
 
 @dataclasses.dataclass
@@ -269,8 +274,25 @@ class WorkerExecutor:
             stream = lambda: self._scheduler.FetchPartition(request, timeout=600)
         else:
             where = f"worker {holder} at {address}"
-            stream = lambda: self.peer(address).GetPartition(request, timeout=600)
+            stream = lambda: self._peer_stream(address, request)
         return fetch_partition(self.bulk, bulk_address, key, stream, where)
+
+    def _peer_stream(self, address: str, request: pb.PartitionRequest) -> Iterator[pb.Chunk]:
+        """``GetPartition`` from a peer. One that did not answer at all (the connection
+        attempt timed out: a cut link, not a refusal) is waited for up to
+        :data:`PEER_PATIENCE` s more, longer than the driver takes to count a cut-off
+        worker lost, so that the attempt then fails with its input known missing
+        (recomputed from lineage) rather than as a task error that fails its stage."""
+        start = time.monotonic()
+        call = self.peer(address).GetPartition(request, timeout=600)
+        try:
+            first = next(call, None)  # a peer that cannot be reached fails here
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() - start < 1.0:
+                raise
+            call = self.peer(address).GetPartition(request, timeout=PEER_PATIENCE, wait_for_ready=True)
+            first = next(call, None)
+        return itertools.chain([] if first is None else [first], call)
 
     def peer(self, address: str) -> pb_grpc.WorkerStub:
         """A Worker stub for the peer at ``address`` (one channel per peer, kept)."""

@@ -183,14 +183,14 @@ def test_a_worker_that_sends_an_undecodable_message_is_lost_and_its_tasks_rerun(
 def test_a_worker_that_stops_answering_is_lost_through_the_keepalive_of_its_stream(cluster):
     """SIGSTOP: the process still runs as far as its launcher can tell and no connection
     is reset; only the pings that the driver's server sends on the stream find out
-    (transport's ping options: ~10 s)."""
+    (transport's control-plane ping options: ~10 s)."""
     victim = 0
     threading.Timer(0.4, os.kill, (cluster.worker_pid(victim), signal.SIGSTOP)).start()
     n = 100
     assert cluster.execute(StageSpec(sleepy, [TaskSpec(i) for i in range(n)])) == list(range(n))
     assert cluster.workers == [1]
     reason = lost_reason(cluster, victim)
-    assert "task stream broke" in reason and "killed" in reason, reason
+    assert "task stream ended" in reason and "killed" in reason, reason
 
 
 # --- a cut link (simulated hosts) ----------------------------------------------------------
