@@ -25,7 +25,9 @@ from clamor.runtime.credentials import TLS_SERVER_NAME, TLSMaterial
 logger = logging.getLogger("clamor.transport")
 
 #: Version of the control-plane protocol (runtime/net/proto/clamor.proto, package clamor.v1).
-PROTOCOL_VERSION = "1"
+#: 2: attempts and results travel on the Scheduler.Session task stream (Worker.Launch,
+#: Worker.Cancel and Scheduler.TaskFinished are gone).
+PROTOCOL_VERSION = "2"
 TOKEN_METADATA_KEY = "x-clamor-token"
 PROTOCOL_METADATA_KEY = "x-clamor-protocol"
 
