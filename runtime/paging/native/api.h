@@ -86,6 +86,9 @@ typedef struct {
     uint64_t mapped_bytes;      /* page versions same-host workers mapped in place (zero copy), in bytes */
     uint64_t async_write_tracking; /* 1: writes no stage needs the old bytes of go untrapped (Linux 6.7+) */
     uint64_t async_switches;    /* arena chunks moved to async write tracking */
+    uint64_t parks;             /* async chunks parked at a stage start (write_tracking.h) */
+    uint64_t unparks;           /* parked chunks touched and moved back whole */
+    uint64_t parked_faults;     /* pages of parked chunks mapped one by one (old versions needed) */
     uint64_t uncopied_writes;   /* trapped first writes that needed no copy (no async tracking) */
     uint64_t pages_written;     /* pages found written with no copy, at stage starts */
     uint64_t directory_bytes;   /* the directory: 16 bytes a page, plus its holder bitmaps' pool */

@@ -24,6 +24,7 @@ SOURCES = [
     "uffd.c",
     "page_server.c",
     "driver_pager.c",
+    "driver_versions.c",
     "directory.c",
     "write_tracking.c",
     "worker_pager.c",

@@ -26,18 +26,29 @@ struct pm_scan_arg {
 };
 #define PAGEMAP_SCAN _IOWR('f', 16, struct pm_scan_arg)
 #endif
+#ifndef PM_SCAN_WP_MATCHING
+#define PM_SCAN_WP_MATCHING (1 << 0)
+#define PM_SCAN_CHECK_WPASYNC (1 << 1)
+#endif
+#ifndef UFFDIO_REGISTER_MODE_MINOR
+#define UFFDIO_REGISTER_MODE_MINOR ((__u64)1 << 2)
+#endif
 #define WT_FEATURE_WP_UNPOPULATED (1 << 13)
 #define WT_FEATURE_WP_ASYNC (1 << 15)
 #ifndef MREMAP_DONTUNMAP
 #define MREMAP_DONTUNMAP 4
 #endif
 
+enum { WT_SYNC, WT_ASYNC, WT_PARKED };
+
 struct cl_wtrack {
     uint8_t *base;
     uint64_t ps, npages, chunk_pages, nchunks;
     int sync_fd, async_fd, pagemap_fd, stop_efd;
-    uint8_t *is_async; /* per chunk */
+    uint8_t *state;    /* per chunk: WT_SYNC, WT_ASYNC or WT_PARKED */
     uint8_t *scratch;  /* CL_WT_CHUNK_BYTES of reserved address space for a chunk's page tables */
+    uint8_t *parking;  /* the arena's size of reserved address space: chunk c's tables while parked
+                          lie at the same offset; MAP_FAILED where chunks cannot be parked */
     pthread_t drainer;
 };
 
@@ -55,12 +66,21 @@ static int wp_ioctl(int uffd, uint8_t *addr, uint64_t len, unsigned long req) {
     return ioctl(uffd, UFFDIO_UNREGISTER, &r);
 }
 
+static int scan_flags(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t flags, uint64_t category, uint64_t first,
+                      cl_wt_mark mark);
+
 /* Marks the pages of [start, end) (of a mapping whose first page is arena page
  * `first`) that are in `category`. -1 if the scan failed. */
 static int scan(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t category, uint64_t first, cl_wt_mark mark) {
+    return scan_flags(t, start, end, 0, category, first, mark);
+}
+
+/* scan with PAGEMAP_SCAN flags (PM_SCAN_WP_MATCHING: write-protect what it finds). */
+static int scan_flags(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t flags, uint64_t category, uint64_t first,
+                      cl_wt_mark mark) {
     struct page_region vec[256];
     struct pm_scan_arg a = {
-        .size = sizeof a, .start = (uint64_t)(uintptr_t)start, .end = (uint64_t)(uintptr_t)end,
+        .size = sizeof a, .flags = flags, .start = (uint64_t)(uintptr_t)start, .end = (uint64_t)(uintptr_t)end,
         .vec = (uint64_t)(uintptr_t)vec, .vec_len = 256, .category_mask = category, .return_mask = category,
     };
     while (a.start < a.end) {
@@ -93,14 +113,15 @@ static void *drain_main(void *arg) {
     return NULL;
 }
 
-cl_wtrack *cl_wtrack_new(int sync_fd, uint8_t *base, uint64_t ps, uint64_t npages, char *why, size_t whylen) {
+cl_wtrack *cl_wtrack_new(int sync_fd, int can_park, uint8_t *base, uint64_t ps, uint64_t npages, char *why,
+                         size_t whylen) {
     cl_wtrack *t = calloc(1, sizeof *t);
     if (!t) return snprintf(why, whylen, "out of memory"), NULL;
     t->base = base, t->ps = ps, t->npages = npages, t->sync_fd = sync_fd;
     t->chunk_pages = CL_WT_CHUNK_BYTES > ps ? CL_WT_CHUNK_BYTES / ps : 1;
     t->nchunks = (npages + t->chunk_pages - 1) / t->chunk_pages;
     t->async_fd = t->pagemap_fd = t->stop_efd = -1;
-    t->scratch = MAP_FAILED;
+    t->scratch = t->parking = MAP_FAILED;
     char err[256];
     size_t errlen = sizeof err;
     t->async_fd = cl_uffd_open(UFFD_FEATURE_WP_HUGETLBFS_SHMEM | WT_FEATURE_WP_UNPOPULATED | WT_FEATURE_WP_ASYNC
@@ -116,10 +137,12 @@ cl_wtrack *cl_wtrack_new(int sync_fd, uint8_t *base, uint64_t ps, uint64_t npage
         snprintf(why, whylen, "no PAGEMAP_SCAN (Linux 6.7+): %s", strerror(errno));
         goto fail;
     }
-    t->is_async = calloc(t->nchunks, 1);
+    t->state = calloc(t->nchunks, 1);
     t->scratch = mmap(NULL, t->chunk_pages * ps, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (can_park)
+        t->parking = mmap(NULL, npages * ps, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     t->stop_efd = eventfd(0, EFD_CLOEXEC);
-    if (!t->is_async || t->scratch == MAP_FAILED || t->stop_efd < 0) {
+    if (!t->state || t->scratch == MAP_FAILED || t->stop_efd < 0) {
         snprintf(why, whylen, "cannot set up async write tracking: %s", strerror(errno));
         goto fail;
     }
@@ -145,14 +168,16 @@ void cl_wtrack_free(cl_wtrack *t) {
         close(t->stop_efd);
     }
     if (t->scratch != MAP_FAILED) munmap(t->scratch, t->chunk_pages * t->ps);
+    if (t->parking != MAP_FAILED) munmap(t->parking, t->npages * t->ps); /* parked tables go; the memfd keeps the bytes */
     if (t->pagemap_fd >= 0) close(t->pagemap_fd);
     if (t->async_fd >= 0) close(t->async_fd);
-    free(t->is_async);
+    free(t->state);
     free(t);
 }
 
 uint64_t cl_wtrack_chunk_of(const cl_wtrack *t, uint64_t page) { return page / t->chunk_pages; }
-int cl_wtrack_is_async(const cl_wtrack *t, uint64_t chunk) { return chunk < t->nchunks && t->is_async[chunk]; }
+int cl_wtrack_is_async(const cl_wtrack *t, uint64_t chunk) { return chunk < t->nchunks && t->state[chunk] == WT_ASYNC; }
+int cl_wtrack_is_parked(const cl_wtrack *t, uint64_t chunk) { return chunk < t->nchunks && t->state[chunk] == WT_PARKED; }
 uint64_t cl_wtrack_chunks(const cl_wtrack *t) { return t->nchunks; }
 uint64_t cl_wtrack_first_page(const cl_wtrack *t, uint64_t chunk) { return chunk * t->chunk_pages; }
 
@@ -164,6 +189,12 @@ static uint8_t *chunk_range(const cl_wtrack *t, uint64_t c, uint64_t hw, uint64_
     *len = n * t->ps;
     *hwlen = (below < n ? below : n) * t->ps;
     return t->base + *first * t->ps;
+}
+
+/* Wakes the threads waiting on a trap in [a, a + len) of the sync userfaultfd. */
+static void wake_sync(cl_wtrack *t, uint8_t *a, uint64_t len) {
+    struct uffdio_range wake = {(uint64_t)(uintptr_t)a, len};
+    ioctl(t->sync_fd, UFFDIO_WAKE, &wake);
 }
 
 /* Moves the chunk's page tables to the scratch area; the chunk stays mapped, empty. */
@@ -195,7 +226,7 @@ static int take_over(cl_wtrack *t, int uffd, uint8_t *a, uint64_t len, uint64_t 
 int cl_wtrack_to_async(cl_wtrack *t, uint64_t c, uint64_t hw, cl_wt_mark mark) {
     uint64_t first, len, hwlen;
     uint8_t *a = chunk_range(t, c, hw, &first, &len, &hwlen);
-    if (t->is_async[c]) return 0;
+    if (t->state[c] != WT_SYNC) return t->state[c] == WT_ASYNC ? 0 : -1;
     /* The sync side's state lives in the driver's flags: what moves aside is not read. */
     if (move_aside(t, a, len)) {
         cl_log("async write tracking: mremap failed (%s); staying with traps", strerror(errno));
@@ -204,12 +235,11 @@ int cl_wtrack_to_async(cl_wtrack *t, uint64_t c, uint64_t hw, cl_wt_mark mark) {
     /* mremap may already have dropped the registration (no UFFD_FEATURE_EVENT_REMAP on
      * the sync side), so the writers waiting on a trap in the chunk are woken here. */
     wp_ioctl(t->sync_fd, a, len, UFFDIO_UNREGISTER);
-    struct uffdio_range wake = {(uint64_t)(uintptr_t)a, len};
-    ioctl(t->sync_fd, UFFDIO_WAKE, &wake);
+    wake_sync(t, a, len);
     int rc = take_over(t, t->async_fd, a, len, hwlen);
     if (scan(t, a, a + len, PAGE_IS_PRESENT, first, mark)) mark(first, len / t->ps);
     clear_scratch(t);
-    if (rc == 0) t->is_async[c] = 1;
+    if (rc == 0) t->state[c] = WT_ASYNC;
     else mark(first, len / t->ps); /* written while unprotected, for all we know */
     return rc;
 }
@@ -217,7 +247,7 @@ int cl_wtrack_to_async(cl_wtrack *t, uint64_t c, uint64_t hw, cl_wt_mark mark) {
 void cl_wtrack_to_sync(cl_wtrack *t, uint64_t c, uint64_t hw, cl_wt_mark mark) {
     uint64_t first, len, hwlen;
     uint8_t *a = chunk_range(t, c, hw, &first, &len, &hwlen);
-    if (!t->is_async[c]) return;
+    if (t->state[c] != WT_ASYNC) return;
     if (move_aside(t, a, len) == 0) { /* its written bits go with it (UFFD_FEATURE_EVENT_REMAP) */
         if (scan(t, t->scratch, t->scratch + hwlen, PAGE_IS_WRITTEN, first, mark)) mark(first, len / t->ps);
     } else {
@@ -228,5 +258,67 @@ void cl_wtrack_to_sync(cl_wtrack *t, uint64_t c, uint64_t hw, cl_wt_mark mark) {
     if (take_over(t, t->sync_fd, a, len, hwlen)) mark(first, len / t->ps);
     if (scan(t, a, a + len, PAGE_IS_PRESENT, first, mark)) mark(first, len / t->ps);
     clear_scratch(t);
-    t->is_async[c] = 0;
+    t->state[c] = WT_SYNC;
+}
+
+/* Gives the parking slot its reserved, empty address space back. */
+static void clear_slot(cl_wtrack *t, uint8_t *slot, uint64_t len) {
+    void *r = mmap(slot, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (r == MAP_FAILED) cl_log("async write tracking: cannot reset a parking slot: %s", strerror(errno));
+}
+
+int cl_wtrack_park(cl_wtrack *t, uint64_t c, cl_wt_mark mark) {
+    uint64_t first, len, hwlen;
+    uint8_t *a = chunk_range(t, c, 0, &first, &len, &hwlen);
+    if (t->parking == MAP_FAILED || t->state[c] != WT_ASYNC) return -1;
+    uint8_t *slot = t->parking + first * t->ps;
+    if (mremap(a, len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, slot) == MAP_FAILED) {
+        cl_log("async write tracking: cannot park a chunk (%s); back to traps", strerror(errno));
+        return -1;
+    }
+    /* The tables came along with their async registration (UFFD_FEATURE_EVENT_REMAP):
+     * list the pages written and write-protect them again, for when the chunk is back. */
+    if (scan_flags(t, slot, slot + len, PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC, PAGE_IS_WRITTEN, first, mark)) {
+        cl_log("async write tracking: cannot rearm a parked chunk (%s); back to traps", strerror(errno));
+        if (mremap(slot, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, a) == MAP_FAILED) abort();
+        clear_slot(t, slot, len);
+        return -1;
+    }
+    wp_ioctl(t->async_fd, a, len, UFFDIO_UNREGISTER);
+    struct uffdio_register r = {.range = {(uint64_t)(uintptr_t)a, len},
+                                .mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR
+                                        | UFFDIO_REGISTER_MODE_WP};
+    if (ioctl(t->sync_fd, UFFDIO_REGISTER, &r)) {
+        cl_log("async write tracking: cannot register a parked chunk (%s); back to traps", strerror(errno));
+        if (mremap(slot, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, a) == MAP_FAILED) abort();
+        clear_slot(t, slot, len);
+        mark(first, len / t->ps); /* untracked for a moment */
+        return -1;
+    }
+    /* Pages another thread touched between the mremap and the registration are
+     * mapped in the chunk, untracked: count them written and protect them. */
+    if (scan(t, a, a + len, PAGE_IS_PRESENT, first, mark)) mark(first, len / t->ps);
+    if (wp_ioctl(t->sync_fd, a, len, UFFDIO_WRITEPROTECT)) {
+        cl_log("async write tracking: cannot protect a parked chunk: %s", strerror(errno));
+        abort(); /* versions would silently go wrong */
+    }
+    t->state[c] = WT_PARKED;
+    return 0;
+}
+
+int cl_wtrack_unpark(cl_wtrack *t, uint64_t c) {
+    uint64_t first, len, hwlen;
+    uint8_t *a = chunk_range(t, c, 0, &first, &len, &hwlen);
+    if (t->state[c] != WT_PARKED) return t->state[c] == WT_ASYNC ? 0 : -1;
+    uint8_t *slot = t->parking + first * t->ps;
+    /* Replaces the empty chunk (and its sync registration) in one step: a thread sees
+     * either the parked chunk, and traps, or the async one. */
+    if (mremap(slot, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, a) == MAP_FAILED) {
+        cl_log("async write tracking: cannot unpark a chunk: %s", strerror(errno));
+        return -1;
+    }
+    clear_slot(t, slot, len);
+    t->state[c] = WT_ASYNC;
+    wake_sync(t, a, len);
+    return 0;
 }

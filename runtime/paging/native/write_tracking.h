@@ -15,7 +15,18 @@
  * mremap(MREMAP_DONTUNMAP) first: what they say (written or not) goes with them,
  * and the chunk starts empty, so a page touched while it is registered with
  * neither userfaultfd shows up as present; such pages count as written. No write
- * goes unseen, whichever thread makes it. */
+ * goes unseen, whichever thread makes it.
+ *
+ * Parking (a stage starts while a chunk is async): instead of going back to traps,
+ * which empties the chunk and costs the next driver write a refault per page, the
+ * chunk's page tables are moved aside whole, keeping their async registration; the
+ * written pages in them are listed and write-protected again on the way. The chunk
+ * itself stays empty, registered MISSING | MINOR | WP with the sync userfaultfd, so
+ * any driver touch of it traps. The first touch when no old version is needed moves
+ * the tables back with one mremap (unpark: async again, nothing refaults); while
+ * versions are needed the driver pager maps the touched pages one by one
+ * (UFFDIO_CONTINUE), keeping the rest parked. The page server and the version log
+ * read the arena through their own mapping, so they never touch a parked chunk. */
 #ifndef CLAMOR_WRITE_TRACKING_H
 #define CLAMOR_WRITE_TRACKING_H
 #include <stdint.h>
@@ -24,6 +35,8 @@
 
 typedef struct cl_wtrack cl_wtrack;
 
+/* `can_park`: `sync_fd` has UFFD_FEATURE_MINOR_SHMEM, so chunks can be parked. */
+
 /* Called with runs of pages [first, first + n) found written (or touched while
  * their chunk was between the two userfaultfds). */
 typedef void (*cl_wt_mark)(uint64_t first, uint64_t n);
@@ -31,11 +44,13 @@ typedef void (*cl_wt_mark)(uint64_t first, uint64_t n);
 /* The tracker of the arena [base, base + npages * ps), whose every page is registered
  * for write-protect with `sync_fd` (not owned). NULL where the kernel lacks async
  * write-protect or PAGEMAP_SCAN; `why` then says which. */
-cl_wtrack *cl_wtrack_new(int sync_fd, uint8_t *base, uint64_t ps, uint64_t npages, char *why, size_t whylen);
+cl_wtrack *cl_wtrack_new(int sync_fd, int can_park, uint8_t *base, uint64_t ps, uint64_t npages, char *why,
+                         size_t whylen);
 void cl_wtrack_free(cl_wtrack *t);
 
 uint64_t cl_wtrack_chunk_of(const cl_wtrack *t, uint64_t page);
 int cl_wtrack_is_async(const cl_wtrack *t, uint64_t chunk);
+int cl_wtrack_is_parked(const cl_wtrack *t, uint64_t chunk);
 uint64_t cl_wtrack_chunks(const cl_wtrack *t);
 uint64_t cl_wtrack_first_page(const cl_wtrack *t, uint64_t chunk);
 
@@ -47,5 +62,13 @@ int cl_wtrack_to_async(cl_wtrack *t, uint64_t chunk, uint64_t hw, cl_wt_mark mar
 /* Moves `chunk` back to trapping write-protect, every page below `hw` protected;
  * marks the pages written while it was async (and during the switch). */
 void cl_wtrack_to_sync(cl_wtrack *t, uint64_t chunk, uint64_t hw, cl_wt_mark mark);
+
+/* Parks an async `chunk`, marking the pages written while it was async; -1 if it could
+ * not be (it is then async as before: move it to sync instead). */
+int cl_wtrack_park(cl_wtrack *t, uint64_t chunk, cl_wt_mark mark);
+
+/* Moves a parked `chunk`'s page tables back: async again, waiters on it woken. -1 if
+ * the mremap failed (it stays parked). */
+int cl_wtrack_unpark(cl_wtrack *t, uint64_t chunk);
 
 #endif

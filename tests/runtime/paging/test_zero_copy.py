@@ -19,6 +19,7 @@ import pytest
 from clamor.runtime.errors import WorkerLostError
 from clamor.runtime.paging import arena
 from clamor.testing.waiting import wait_for
+from clamor.testing.zero_copy import read_twice, start_and_wait_until_mapped
 
 import clamor
 
@@ -50,24 +51,9 @@ def page_cache_bytes(pid: int) -> int:
     raise AssertionError(f"worker process {pid} has no page cache")
 
 
-def start_and_wait_until_mapped(cluster, x: np.ndarray, stage: threading.Thread) -> None:
-    """Start ``stage``; return once a worker has mapped x's first page again (counted
-    before it is mapped, after the worker marked it as one it maps: from then on the
-    driver waits for it to unmap the page before a write lands)."""
-    maps = cluster.page_stats(x)["requests"][0]
-    stage.start()
-    wait_for(lambda: cluster.page_stats(x)["requests"][0] > maps, what="a worker maps the page")
-
-
 def process_state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
-
-
-def read_twice(a: np.ndarray) -> tuple[float, float]:
-    first = float(a[5])  # the page is mapped from now on
-    time.sleep(1.5)
-    return first, float(a[5])
 
 
 def test_every_worker_reads_the_whole_table_in_place(cluster):
