@@ -26,8 +26,9 @@ logger = logging.getLogger("clamor.transport")
 
 #: Version of the control-plane protocol (runtime/net/proto/clamor.proto, package clamor.v1).
 #: 2: attempts and results travel on the Scheduler.Session task stream (Worker.Launch,
-#: Worker.Cancel and Scheduler.TaskFinished are gone).
-PROTOCOL_VERSION = "2"
+#: Worker.Cancel and Scheduler.TaskFinished are gone). 3: a task's read set travels packed
+#: (TaskReport.read_pages / read_versions).
+PROTOCOL_VERSION = "3"
 TOKEN_METADATA_KEY = "x-clamor-token"
 PROTOCOL_METADATA_KEY = "x-clamor-protocol"
 

@@ -328,11 +328,15 @@ class WorkerPager:
     def begin_task(self, epoch: int) -> None:
         lib.clamor_worker_begin_task(epoch)
 
-    def end_task(self) -> list[tuple[int, int]]:
+    def end_task(self) -> tuple[np.ndarray, np.ndarray]:
+        """The task's read set: its pages (uint64, sorted) and the version read of each (uint32)."""
         n = int(lib.clamor_worker_end_task(ffi.NULL, ffi.NULL, 0))
         pages, versions = ffi.new("uint64_t[]", max(n, 1)), ffi.new("uint32_t[]", max(n, 1))
         n = min(n, int(lib.clamor_worker_end_task(pages, versions, n)))
-        return sorted((int(pages[i]), int(versions[i])) for i in range(n))
+        p = np.frombuffer(ffi.buffer(pages, 8 * n), dtype=np.uint64)
+        v = np.frombuffer(ffi.buffer(versions, 4 * n), dtype=np.uint32)
+        order = np.argsort(p, kind="stable")
+        return p[order], v[order]
 
     def invalidate(self, epoch: int, pages: list[int]) -> None:
         buf = ffi.new("uint64_t[]", list(pages) or [0])

@@ -11,7 +11,7 @@ Stage protocol, as run by :meth:`clamor.runtime.cluster.Cluster.run_stage`::
     each task on its worker:
         worker_paging.begin_task(task_epoch)           # task_epoch = epoch, or older on replay
         ... run the task ...
-        read_set = worker_paging.end_task()            # [(page, version), ...]
+        pages, versions = worker_paging.end_task()      # the read set, sorted by page
     driver_paging.end_stage()                          # always, even on failure
 """
 
@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 
 @runtime_checkable
@@ -34,8 +36,8 @@ class WorkerPaging(Protocol):
         """A task starts; it must read the arena as of ``epoch``."""
         ...
 
-    def end_task(self) -> list[tuple[int, int]]:
-        """The task ended; return the ``(page, version)`` pairs it read."""
+    def end_task(self) -> tuple[np.ndarray, np.ndarray]:
+        """The task ended; return the pages it read (uint64, sorted) and their versions (uint32)."""
         ...
 
     def invalidate(self, epoch: int, pages: list[int]) -> None:
@@ -115,8 +117,8 @@ class NullWorkerPaging:
     def begin_task(self, epoch: int) -> None:
         pass
 
-    def end_task(self) -> list[tuple[int, int]]:
-        return []
+    def end_task(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.empty(0, np.uint64), np.empty(0, np.uint32)
 
     def invalidate(self, epoch: int, pages: list[int]) -> None:
         pass

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 from clamor.runtime.data import accumulators
 from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
 from clamor.runtime.net import shipping, task_stream
@@ -282,7 +283,8 @@ class Executor:
             value=value,
             outputs={decode_key(o.key): o.nbytes for o in report.outputs},
             accumulator_updates=report.accumulators or {},
-            read_set=tuple((pv.page, pv.version) for pv in report.read_set),
+            read_set=tuple(zip(np.frombuffer(report.read_pages, "<u8").tolist(),
+                               np.frombuffer(report.read_versions, "<u4").tolist())),
             duration=report.duration,
         )
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+import numpy as np
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.net import shipping
@@ -229,7 +230,7 @@ class WorkerExecutor:
             return fetched[key]
 
         ctx = TaskContext(a.index, tuple(locations), fetch, self._store.put)
-        read_set: list[tuple[int, int]] = []
+        read_set: tuple[np.ndarray, np.ndarray] | None = None
         try:
             self.paging.begin_task(item.epoch)
             try:
@@ -250,7 +251,9 @@ class WorkerExecutor:
         report.outputs.extend(
             pb.PartitionInfo(key=encode_key(k), nbytes=n) for k, n in ctx.outputs.items()
         )
-        report.read_set.extend(pb.PageVersion(page=p, version=v) for p, v in read_set)
+        if read_set is not None:
+            report.read_pages = read_set[0].astype("<u8", copy=False).tobytes()
+            report.read_versions = read_set[1].astype("<u4", copy=False).tobytes()
         report.duration = time.perf_counter() - start
         return report
 

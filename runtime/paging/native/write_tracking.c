@@ -66,23 +66,24 @@ static int wp_ioctl(int uffd, uint8_t *addr, uint64_t len, unsigned long req) {
     return ioctl(uffd, UFFDIO_UNREGISTER, &r);
 }
 
-static int scan_flags(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t flags, uint64_t category, uint64_t first,
+static int64_t scan_flags(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t flags, uint64_t category, uint64_t first,
                       cl_wt_mark mark);
 
 /* Marks the pages of [start, end) (of a mapping whose first page is arena page
- * `first`) that are in `category`. -1 if the scan failed. */
-static int scan(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t category, uint64_t first, cl_wt_mark mark) {
+ * `first`) that are in `category`: how many, or -1 if the scan failed. */
+static int64_t scan(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t category, uint64_t first, cl_wt_mark mark) {
     return scan_flags(t, start, end, 0, category, first, mark);
 }
 
 /* scan with PAGEMAP_SCAN flags (PM_SCAN_WP_MATCHING: write-protect what it finds). */
-static int scan_flags(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t flags, uint64_t category, uint64_t first,
+static int64_t scan_flags(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t flags, uint64_t category, uint64_t first,
                       cl_wt_mark mark) {
     struct page_region vec[256];
     struct pm_scan_arg a = {
         .size = sizeof a, .flags = flags, .start = (uint64_t)(uintptr_t)start, .end = (uint64_t)(uintptr_t)end,
         .vec = (uint64_t)(uintptr_t)vec, .vec_len = 256, .category_mask = category, .return_mask = category,
     };
+    int64_t found = 0;
     while (a.start < a.end) {
         long n = ioctl(t->pagemap_fd, PAGEMAP_SCAN, &a);
         if (n < 0) {
@@ -93,10 +94,11 @@ static int scan_flags(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t flags
             uint64_t lo = (vec[i].start - (uint64_t)(uintptr_t)start) / t->ps;
             uint64_t hi = (vec[i].end - (uint64_t)(uintptr_t)start + t->ps - 1) / t->ps;
             mark(first + lo, hi - lo);
+            found += (int64_t)(hi - lo);
         }
         a.start = a.walk_end;
     }
-    return 0;
+    return found;
 }
 
 /* Reads (and drops) the async userfaultfd's messages: the mremap of a chunk that it
@@ -237,7 +239,7 @@ int cl_wtrack_to_async(cl_wtrack *t, uint64_t c, uint64_t hw, cl_wt_mark mark) {
     wp_ioctl(t->sync_fd, a, len, UFFDIO_UNREGISTER);
     wake_sync(t, a, len);
     int rc = take_over(t, t->async_fd, a, len, hwlen);
-    if (scan(t, a, a + len, PAGE_IS_PRESENT, first, mark)) mark(first, len / t->ps);
+    if (scan(t, a, a + len, PAGE_IS_PRESENT, first, mark) < 0) mark(first, len / t->ps);
     clear_scratch(t);
     if (rc == 0) t->state[c] = WT_ASYNC;
     else mark(first, len / t->ps); /* written while unprotected, for all we know */
@@ -249,14 +251,14 @@ void cl_wtrack_to_sync(cl_wtrack *t, uint64_t c, uint64_t hw, cl_wt_mark mark) {
     uint8_t *a = chunk_range(t, c, hw, &first, &len, &hwlen);
     if (t->state[c] != WT_ASYNC) return;
     if (move_aside(t, a, len) == 0) { /* its written bits go with it (UFFD_FEATURE_EVENT_REMAP) */
-        if (scan(t, t->scratch, t->scratch + hwlen, PAGE_IS_WRITTEN, first, mark)) mark(first, len / t->ps);
+        if (scan(t, t->scratch, t->scratch + hwlen, PAGE_IS_WRITTEN, first, mark) < 0) mark(first, len / t->ps);
     } else {
         cl_log("async write tracking: mremap failed (%s); every page of the chunk counts as written", strerror(errno));
         mark(first, len / t->ps);
     }
     wp_ioctl(t->async_fd, a, len, UFFDIO_UNREGISTER);
     if (take_over(t, t->sync_fd, a, len, hwlen)) mark(first, len / t->ps);
-    if (scan(t, a, a + len, PAGE_IS_PRESENT, first, mark)) mark(first, len / t->ps);
+    if (scan(t, a, a + len, PAGE_IS_PRESENT, first, mark) < 0) mark(first, len / t->ps);
     clear_scratch(t);
     t->state[c] = WT_SYNC;
 }
@@ -278,7 +280,7 @@ int cl_wtrack_park(cl_wtrack *t, uint64_t c, cl_wt_mark mark) {
     }
     /* The tables came along with their async registration (UFFD_FEATURE_EVENT_REMAP):
      * list the pages written and write-protect them again, for when the chunk is back. */
-    if (scan_flags(t, slot, slot + len, PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC, PAGE_IS_WRITTEN, first, mark)) {
+    if (scan_flags(t, slot, slot + len, PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC, PAGE_IS_WRITTEN, first, mark) < 0) {
         cl_log("async write tracking: cannot rearm a parked chunk (%s); back to traps", strerror(errno));
         if (mremap(slot, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, a) == MAP_FAILED) abort();
         clear_slot(t, slot, len);
@@ -296,9 +298,11 @@ int cl_wtrack_park(cl_wtrack *t, uint64_t c, cl_wt_mark mark) {
         return -1;
     }
     /* Pages another thread touched between the mremap and the registration are
-     * mapped in the chunk, untracked: count them written and protect them. */
-    if (scan(t, a, a + len, PAGE_IS_PRESENT, first, mark)) mark(first, len / t->ps);
-    if (wp_ioctl(t->sync_fd, a, len, UFFDIO_WRITEPROTECT)) {
+     * mapped in the chunk, untracked: count them written and protect them. Only
+     * then: protecting the empty chunk would fill it with markers (~2 ms). */
+    int64_t touched = scan(t, a, a + len, PAGE_IS_PRESENT, first, mark);
+    if (touched < 0) mark(first, len / t->ps);
+    if (touched && wp_ioctl(t->sync_fd, a, len, UFFDIO_WRITEPROTECT)) {
         cl_log("async write tracking: cannot protect a parked chunk: %s", strerror(errno));
         abort(); /* versions would silently go wrong */
     }

@@ -438,6 +438,9 @@ def test_close_leaves_no_child_processes():
 # --- the paging seam -------------------------------------------------------------------
 
 RECORDING_PAGING = """
+import numpy as np
+
+
 class RecordingPaging:
     def __init__(self, worker_id, config):
         self.worker_id, self.marker = worker_id, config["marker"]
@@ -450,7 +453,7 @@ class RecordingPaging:
         self.epoch = epoch
 
     def end_task(self):
-        return [(self.worker_id, self.epoch)]
+        return np.array([self.worker_id], np.uint64), np.array([self.epoch], np.uint32)
 
     def invalidate(self, epoch, pages):
         self.invalidated.append((epoch, list(pages)))
