@@ -17,6 +17,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import concurrent.futures.thread  # noqa: F401 - its exit hook registers before ours (see below)
 import os
 import pickle
 import resource
@@ -143,6 +144,24 @@ class _SchedulerServicer(pb_grpc.SchedulerServicer):
         if key not in cluster._executor.driver_store:
             context.abort(grpc.StatusCode.NOT_FOUND, f"the driver holds no partition {key!r}")
         return cluster._executor.driver_chunks(key)
+
+
+_open_clusters: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_open_clusters() -> None:
+    """Close the clusters a program left open when the interpreter exits. A thread exit
+    hook (threading's, as concurrent.futures uses) so that it runs before Python joins the
+    gRPC server's threads, which wait on their workers' task streams until the cluster
+    closes; registered after concurrent.futures' own, so it runs first."""
+    for cluster in list(_open_clusters):
+        try:
+            cluster.close()
+        except Exception:
+            logger.exception("closing %r at exit failed", cluster)
+
+
+threading._register_atexit(_close_open_clusters)
 
 
 def _shutdown(
@@ -285,6 +304,7 @@ class Cluster(ClusterInspection, DatasetSources):
         )
         self._launcher = launcher
         launcher.bind(self.address, self._credentials, host=host, log_dir=log_dir)
+        _open_clusters.add(self)
         self._finalizer = weakref.finalize(
             self,
             _shutdown,

@@ -420,6 +420,35 @@ def test_workers_die_with_a_sigkilled_driver(spawned_from):
         driver.wait()
 
 
+UNCLOSED = """
+import sys
+import numpy as np, clamor
+x = clamor.asarray(np.arange(1000.0))
+c = clamor.Cluster(workers=2, timeout=30)
+print(" ".join(str(w["pid"]) for w in c.worker_stats()), flush=True)
+assert c.run(lambda a: float(a.sum()), x) == float(x.sum())
+if sys.argv[1] == "raise":
+    raise RuntimeError("the script fails with its cluster open")
+"""
+
+
+@pytest.mark.parametrize("ending", ["return", "raise"])
+def test_a_script_that_never_closes_its_cluster_still_exits(ending):
+    """Interpreter exit closes open clusters before Python joins the gRPC server's threads
+    (the task streams' handlers would otherwise wait for their workers forever)."""
+    driver = subprocess.Popen([sys.executable, "-c", UNCLOSED, ending], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in driver.stdout.readline().split()]
+        _, err = driver.communicate(timeout=60)
+        assert driver.returncode == (1 if ending == "raise" else 0), err[-2000:]
+        assert err.count("Traceback") == (ending == "raise")  # its own error, nothing from closing
+        assert wait_gone(pids, 10) == []
+    finally:
+        driver.kill()
+        driver.wait()
+
+
 def test_close_leaves_no_child_processes():
     c = Cluster(2, paging=NullDriverPaging(), timeout=30)
     pids = [w["pid"] for w in c.worker_stats()]
