@@ -3,9 +3,9 @@
 Events (a stage submitted, tasks finished, a worker lost, partitions dropped)
 are queued to one thread, which feeds them to
 :class:`~clamor.runtime.scheduling.scheduler.SchedulerState` and carries out the
-instructions it returns: ``Launch``, ``Cancel`` and ``Drop`` are queued on the
-worker's task stream (runtime/net/task_stream.py: one long-lived gRPC stream per
-worker, which brings its results back too), ``StageDone`` / ``StageFailed`` resolve
+instructions it returns: ``Launch``, ``Cancel`` and ``Drop`` go down the worker's
+task stream (runtime/net/task_stream.py: one long-lived TCP connection per worker,
+which brings its results back too), ``StageDone`` / ``StageFailed`` resolve
 the waiting caller. All scheduling decisions live in the state machine; this module
 only does I/O, and its loop never waits on a worker.
 
@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import grpc
 from clamor.runtime.data import accumulators
 from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
-from clamor.runtime.net import shipping, task_stream
+from clamor.runtime.net import shipping
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import decode_exception
@@ -218,15 +218,14 @@ class Executor:
         self.telemetry.worker_lost(worker, str(error))
         self._post(lambda s: s.worker_lost(worker, error, now=time.monotonic()))
 
-    def session(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.DriverMessage]:
-        """The Scheduler's ``Session``: a worker's task stream, attached to its link."""
-        return task_stream.serve(requests, context, self._link_of, self.task_finished, self._stream_ended)
-
-    def _link_of(self, worker: int) -> DriverLink | None:
+    def link_of(self, worker: int) -> DriverLink | None:
+        """Worker ``worker``'s task-stream link, for its stream to attach (``None``: not
+        ready, or lost)."""
         endpoint = self._endpoints.get(worker)
         return None if endpoint is None or endpoint.link.closed else endpoint.link
 
-    def _stream_ended(self, worker: int, why: str) -> None:
+    def stream_ended(self, worker: int, why: str) -> None:
+        """A worker's task stream ended without the driver closing it."""
         if not self._closed:
             self._unreachable(worker, why)
 
@@ -558,7 +557,7 @@ class Executor:
                 run.future.set_exception(ClamorError("the cluster was closed"))
         self._events.put(None)
         for endpoint in list(self._endpoints.values()):
-            endpoint.link.close()  # ends each Session call, which frees its handler thread
+            endpoint.link.close()  # ends each task stream: its reader and writer threads return
         if self._bulk is not None:
             self._bulk.close()
 
