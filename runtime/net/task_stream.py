@@ -164,8 +164,9 @@ class DriverLink:
         self._writing = False  # a thread is writing: later items join the backlog
         self._closed = False
         self._last_ping = time.monotonic()
-        #: The thread that reads the worker's results (set once it connected).
+        #: The threads that read the worker's results and write the backlog (once it connected).
         self.reader: threading.Thread | None = None
+        self.writer: threading.Thread | None = None
         #: Counters (read from any thread): messages each way, attempts sent, reports received.
         self.sent_messages = self.sent_attempts = self.received_messages = self.received_reports = 0
 
@@ -257,8 +258,9 @@ class DriverLink:
                 return False
             self._conn = conn
             self.reader = threading.current_thread()
-        threading.Thread(target=self._writer, args=(conn,), name=f"clamor-stream-out-{self.worker}",
-                         daemon=True).start()  # fmt: skip
+            self.writer = threading.Thread(target=self._writer, args=(conn,),
+                                           name=f"clamor-stream-out-{self.worker}", daemon=True)  # fmt: skip
+        self.writer.start()
         return True
 
     def _ping(self) -> None:

@@ -556,10 +556,11 @@ class Executor:
             self._bulk.close()
 
     def join(self, timeout: float = 5.0) -> None:
-        """Wait for the loop thread and the task streams' readers to end after :meth:`close`
-        (a reader ends with its stream: once its worker has exited, or the server stops)."""
-        readers = [e.link.reader for e in list(self._endpoints.values()) if e.link.reader is not None]
+        """Wait for the loop thread and the task streams' readers and writers to end after
+        :meth:`close` (they end with their streams, which it closed)."""
+        links = [e.link for e in list(self._endpoints.values())]
+        streams = [t for link in links for t in (link.reader, link.writer) if t is not None]
         deadline = time.monotonic() + timeout
-        for thread in [self._events.thread, *readers]:
+        for thread in [self._events.thread, *streams]:
             if thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
