@@ -101,6 +101,8 @@ class Connection:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._lock = threading.Lock()
+        self._poll = select.poll()  # not select(): a driver of many workers has fds past 1024
+        self._poll.register(sock, select.POLLIN)
         self.last_heard = time.monotonic()
 
     def send(self, data: bytes, wait: bool = True) -> bool:
@@ -122,7 +124,7 @@ class Connection:
         while True:
             tick()
             pending = isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()
-            if not pending and not select.select([self.sock], [], [], PING_INTERVAL)[0]:
+            if not pending and not self._poll.poll(PING_INTERVAL * 1000):
                 if time.monotonic() - self.last_heard > LINK_TIMEOUT:
                     raise LinkTimeout(f"nothing heard for {LINK_TIMEOUT:.0f} s")
                 continue
