@@ -38,7 +38,7 @@ from clamor.runtime.data.dataset import DatasetSources
 from clamor.runtime.errors import ClamorError, WorkerLostError
 from clamor.runtime.exitcodes import describe_exit
 from clamor.runtime.launchers.local import Launcher, LocalLauncher
-from clamor.runtime.net import task_stream
+from clamor.runtime.net.task_stream import TaskStreamServer
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import CallTable, pack_task
@@ -130,10 +130,6 @@ class _SchedulerServicer(pb_grpc.SchedulerServicer):
     def Heartbeat(self, request, context):
         return pb.HeartbeatReply(ok=self._get(context)._on_heartbeat(request.worker_id))
 
-    def Session(self, requests, context):
-        """A worker's task stream (raw bytes in: see ``task_stream.add_session_handler``)."""
-        return self._get(context)._executor.session(requests, context)
-
     def SpillPeers(self, request, context):
         peers = self._get(context)._spill_peers(request.worker_id, request.nbytes)
         return pb.SpillPeersReply(peers=[pb.SpillPeer(worker_id=w, address=a, free=f) for w, a, f in peers])
@@ -173,14 +169,16 @@ def _shutdown(
     throttle: Throttle,
     spill_dir: str,
     bulk: BulkServer | None,
+    streams: TaskStreamServer,
 ) -> None:
     """Kill the workers still running, then end what the cluster started, readers of the
     pager's tables before the pager: the executor's threads (woken by closing the
-    workers' channels), the scheduler's gRPC handlers, the bulk server, then the pager.
-    Remove what the workers spilled to disk here. Also run at exit / on collection."""
+    workers' task streams and channels), the task-stream listener, the scheduler's gRPC
+    handlers, the bulk server, then the pager. Remove what the workers spilled to disk
+    here. Also run at exit / on collection."""
     steps: list[Callable[[], object]] = [throttle.close, executor.close, lambda: launcher.close(timeout=0)]
     steps += [channel.close for channel in channels]
-    steps += [executor.join, lambda: server.stop(grace=None)]
+    steps += [streams.close, executor.join, lambda: server.stop(grace=None)]
     steps += [bulk.close] if bulk is not None else []
     steps += [paging.close, lambda: shutil.rmtree(spill_dir, ignore_errors=True)]
     for step in steps:  # each one, whatever the others did: the pager must be freed
@@ -289,16 +287,19 @@ class Cluster(ClusterInspection, DatasetSources):
         if self._bulk is not None:
             self._executor.driver_bulk_address = format_address(host, self._bulk.port)
 
+        executor = self._executor  # not the cluster: the stream server must not keep it alive
+        self._streams = TaskStreamServer(self._token.encode(), host, tls=self._credentials.tls,
+                                         link_of=executor.link_of, on_results=executor.task_finished,
+                                         on_end=executor.stream_ended)  # fmt: skip
         scheduler = _SchedulerServicer(self)
         self._server, self.address = create_server(
             self._token,
             [
-                (task_stream.add_session_handler, scheduler.Session),  # before the others
                 (pb_grpc.add_SchedulerServicer_to_server, scheduler),
                 (pb_grpc.add_ObserverServicer_to_server, ObserverServicer(self)),
             ],
-            host=host,  # a task stream holds a thread for its life (threads start as needed):
-            max_workers=MAX_WORKERS + max(8, min(64, n + 4)),
+            host=host,
+            max_workers=max(8, min(64, n + 4)),
             tls=self._credentials.tls,
             control=True,
         )
@@ -316,6 +317,7 @@ class Cluster(ClusterInspection, DatasetSources):
             self._throttle,
             self._spill_dir,
             self._bulk,
+            self._streams,
         )
         try:
             self._launcher.start(range(n))
@@ -346,6 +348,7 @@ class Cluster(ClusterInspection, DatasetSources):
             "page_cache_bytes": budget.page_cache,
             "spill": self.spill,
             "spill_dir": self._spill_dir,
+            "task_stream_port": self._streams.port,
             **paging,
         }
         channel = connect(request.address, self._token, tls=self._credentials.tls)

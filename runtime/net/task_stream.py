@@ -1,52 +1,73 @@
-"""The task stream: one long-lived bidirectional gRPC stream per worker (``Scheduler.Session``).
+"""The task stream: one long-lived TCP connection per worker, beside the gRPC control plane.
 
 A worker opens it once ``Ready`` returned and keeps it for its lifetime. Down it go the
-driver's launches, cancels and partition drops; up it come the results of the worker's
-attempts. It replaces a unary ``Launch`` call per batch of attempts and a
-``TaskFinished`` call per batch of results: each was a full gRPC round trip in Python
-(~0.45 ms on a 2-core VM), two per stage at least. Both ends batch: a message carries
-everything that queued while the previous one was being sent (up to
-:data:`MAX_BATCH_BYTES`), so 10,000 tiny tasks do not wait on one message each.
+driver's launches, cancels and partition drops; up come the results of the worker's
+attempts. It is plain TCP (TLS when the cluster has TLS), not a gRPC stream: a gRPC
+message costs Python ~120 µs to send and ~160 µs to receive on a 2-core VM, which kept
+a 2-task stage over 2 ms there; a framed socket costs a few µs per message
+(docs/architecture.md, "The task stream"). The rest of the control plane stays on gRPC.
+
+Wire: the token handshake of :func:`~clamor.runtime.net.transport.prove_token_server`,
+then frames of a ``u32`` length and a ``u8`` kind (little-endian) and the body:
+
+- ``MESSAGE``: a serialized :class:`pb.DriverMessage` (down) or :class:`pb.WorkerMessage`
+  (up). The worker's first one names it (``worker_id`` only); every later one carries
+  results, which the worker batches while it has attempts queued.
+- ``PING`` / ``PONG``: the driver pings every :data:`PING_INTERVAL` s; the worker answers.
+- ``END``: ``"CODE why"`` (a ``grpc.StatusCode`` name, UTF-8): why the sender ends it.
 
 Order: the driver's items reach the worker in the order issued (a cancel never
-overtakes its launch). A :class:`~clamor.runtime.net.proto.clamor_pb2.DriverMessage`
-is applied launches first, then cancels, then drops, so the sender starts a new
-message rather than put an item ahead of one issued before it.
+overtakes its launch): small ones are written at once on the caller's thread, a large
+one (a stage's program) and whatever follows it while it is written go through the
+link's writer thread, so that the executor's thread never waits on a worker.
 
 Failure: the stream's end, either way and for any reason, means the worker is lost.
-A killed process resets the connection; a cut link fails the keepalive pings that
-``transport`` sets on the driver's server and the workers' channels to it (the stream
-ends ~10 s after the cut, on both ends); a message that does not decode, or a second
-stream for the same worker, is refused with the reason. The driver then counts the
-worker lost (``on_end``: its attempts rerun elsewhere) and the worker exits, saying
-why (:func:`run_worker_stream`).
-
-Driver side: :class:`DriverLink` (an outbox the executor fills without ever blocking,
-sent by the gRPC handler thread of the worker's ``Session``, and a reader thread
-that hands results on); :func:`serve` is that handler. Worker side:
-:func:`run_worker_stream`. The handler is registered with :func:`add_session_handler`,
-which hands it the raw bytes, so that it decodes them itself and names what failed.
+A killed process resets the connection; a stopped one, or a cut link, stops answering
+(nothing heard for :data:`LINK_TIMEOUT` s ends the stream, on both ends); a message
+that does not decode, or a second stream for the same worker, is refused with the
+reason. The driver then counts the worker lost (``on_end``: its attempts rerun
+elsewhere) and the worker exits, saying why (:func:`run_worker_stream`).
 """
 
 from __future__ import annotations
 
-import queue
+import contextlib
+import logging
+import select
+import socket
+import ssl
+import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 import grpc
+from clamor.runtime.credentials import TLS_SERVER_NAME, TLSMaterial
 from clamor.runtime.net.proto import clamor_pb2 as pb
-from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.net.transport import (
+    MAX_MESSAGE_BYTES,
+    prove_token_client,
+    prove_token_server,
+    recv_exact,
+    split_address,
+)
+from clamor.runtime.paging.page_client import tls_context
 from google.protobuf.message import DecodeError
 
-#: A message gathers queued items up to about this size (one larger item goes alone).
-MAX_BATCH_BYTES = 4 << 20
-SERVICE = "clamor.v1.Scheduler"
+logger = logging.getLogger("clamor.task_stream")
 
-# Item kinds, in the order a DriverMessage applies them; _END makes the sender return.
-_LAUNCH, _CANCEL, _DROP = 0, 1, 2
-_END: Any = object()
+#: A worker's results message gathers reports up to about this size.
+MAX_BATCH_BYTES = 4 << 20
+#: The driver pings each worker this often; nothing heard for LINK_TIMEOUT s ends a stream.
+PING_INTERVAL = 2.5
+LINK_TIMEOUT = 10.0
+#: Items up to this size are written on the issuing thread (when nothing waits before them).
+INLINE_BYTES = 64 << 10
+#: Seconds a new connection has for its handshake and first message.
+HANDSHAKE_TIMEOUT = 10.0
+
+MESSAGE, PING, PONG, END = range(4)
+_HEADER = struct.Struct("<IB")
 
 #: ``on_results(worker, reports, moved)``: a WorkerMessage's content.
 OnResults = Callable[[int, Iterable[pb.TaskReport], Iterable[pb.PartitionMove]], None]
@@ -54,115 +75,216 @@ OnResults = Callable[[int, Iterable[pb.TaskReport], Iterable[pb.PartitionMove]],
 OnEnd = Callable[[int, str], None]
 
 
+class LinkTimeout(ConnectionError):
+    """Nothing was heard from the other end for :data:`LINK_TIMEOUT` s."""
+
+
+def frame(kind: int, body: bytes = b"") -> bytes:
+    """One frame as the wire carries it."""
+    return _HEADER.pack(len(body), kind) + body
+
+
+def end_frame(code: grpc.StatusCode, why: str) -> bytes:
+    return frame(END, f"{code.name} {why}".encode())
+
+
+def parse_end(body: bytes) -> tuple[grpc.StatusCode, str]:
+    """An ``END`` frame's code and reason (an unknown code reads as ``UNKNOWN``)."""
+    name, _, why = body.decode(errors="replace").partition(" ")
+    return getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN), why
+
+
+class Connection:
+    """A connected task-stream socket: whole frames out (:meth:`send`, thread-safe) and in
+    (:meth:`frames`, on one reader thread)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+        self._poll = select.poll()  # not select(): a driver of many workers has fds past 1024
+        self._poll.register(sock, select.POLLIN)
+        self.last_heard = time.monotonic()
+
+    def send(self, data: bytes, wait: bool = True) -> bool:
+        """Write frames (``OSError`` if the connection is gone); ``wait=False``: not
+        while another thread writes (then False, nothing sent)."""
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
+            self.sock.sendall(data)
+        finally:
+            self._lock.release()
+        return True
+
+    def frames(self, tick: Callable[[], None] = lambda: None) -> Iterator[tuple[int, bytes]]:
+        """``(kind, body)`` as they arrive, until the other end closes the connection (or
+        ``OSError``: a reset, :class:`LinkTimeout`). ``tick`` runs at least every
+        :data:`PING_INTERVAL` s."""
+        buf = bytearray()
+        while True:
+            tick()
+            pending = isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()
+            if not pending and not self._poll.poll(PING_INTERVAL * 1000):
+                if time.monotonic() - self.last_heard > LINK_TIMEOUT:
+                    raise LinkTimeout(f"nothing heard for {LINK_TIMEOUT:.0f} s")
+                continue
+            data = self.sock.recv(1 << 20)
+            if not data:
+                return
+            self.last_heard = time.monotonic()
+            buf += data
+            while len(buf) >= _HEADER.size:
+                size, kind = _HEADER.unpack_from(buf)
+                if size > MAX_MESSAGE_BYTES:
+                    raise ConnectionError(f"a frame of {size} bytes: not the task-stream protocol")
+                if len(buf) < _HEADER.size + size:
+                    break
+                body = bytes(buf[_HEADER.size : _HEADER.size + size])
+                del buf[: _HEADER.size + size]
+                yield kind, body
+
+    def close(self) -> None:
+        """Shut the socket down (wakes a thread blocked on it) and close it."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
 class DriverLink:
     """The driver's end of one worker's task stream.
 
-    :meth:`launch`, :meth:`cancel` and :meth:`drop` only queue (the executor's thread
-    never waits on a worker); the ``Session`` handler's thread sends the queue as
-    :class:`pb.DriverMessage` batches (:meth:`messages`). Items queued before the
-    worker opens its stream wait for it. :meth:`close` ends the stream.
+    :meth:`launch`, :meth:`cancel` and :meth:`drop` send a message each, in issue order,
+    and never wait on the worker: items issued before the worker connects, a large one,
+    and those behind it, are written by the link's writer thread. :meth:`close` ends it.
     """
 
     def __init__(self, worker: int) -> None:
         self.worker = worker
-        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (kind, payload) or _END
-        self._lock = threading.Lock()
-        self._context: grpc.ServicerContext | None = None
+        self._cond = threading.Condition()
+        self._conn: Connection | None = None
+        self._backlog: list[bytes] = []  # frames for the writer thread, in order
+        self._writing = False  # a thread is writing: later items join the backlog
         self._closed = False
+        self._last_ping = time.monotonic()
+        #: The threads that read the worker's results and write the backlog (once it connected).
         self.reader: threading.Thread | None = None
+        self.writer: threading.Thread | None = None
         #: Counters (read from any thread): messages each way, attempts sent, reports received.
         self.sent_messages = self.sent_attempts = self.received_messages = self.received_reports = 0
 
     # --- the executor's side ---
 
     def launch(self, request: pb.LaunchRequest) -> None:
-        self._outbox.put((_LAUNCH, request))
+        self._send(pb.DriverMessage(launches=[request]), len(request.attempts))
 
     def cancel(self, attempts: Iterable[int]) -> None:
-        self._outbox.put((_CANCEL, list(attempts)))
+        self._send(pb.DriverMessage(cancel=list(attempts)))
 
     def drop(self, keys: Iterable[bytes]) -> None:
         """Free partitions on the worker (pickled keys)."""
-        self._outbox.put((_DROP, list(keys)))
+        self._send(pb.DriverMessage(drop=list(keys)))
 
     def close(self, why: str = "", code: grpc.StatusCode = grpc.StatusCode.OK) -> None:
-        """End the stream (what is still queued is not sent); the worker gets ``code`` and
-        ``why`` as the call's status. ``on_end`` is not called: the driver knows."""
+        """End the stream (what is still waiting to be written is not sent); the worker
+        gets ``code`` and ``why``. ``on_end`` is not called: the driver knows."""
         self._finish(why, code)
-
-    def _finish(self, why: str, code: grpc.StatusCode) -> bool:
-        """Close once; False if it was closed already (then nothing changes)."""
-        with self._lock:
-            if self._closed:
-                return False
-            self._closed = True
-            context = self._context
-        if context is not None and code != grpc.StatusCode.OK:
-            context.set_code(code)
-            context.set_details(why)
-        self._outbox.put(_END)
-        return True
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    # --- the Session handler's side ---
-
-    def _attach(self, context: grpc.ServicerContext) -> bool:
-        with self._lock:
-            if self._context is not None or self._closed:
-                return False
-            self._context = context
-            return True
-
-    def messages(self) -> Iterator[pb.DriverMessage]:
-        """The queued items as messages, in issue order, until the stream is closed."""
-        item = self._outbox.get()
-        while item is not _END:
-            message, item = self._batch(item)
+    def _send(self, message: pb.DriverMessage, attempts: int = 0) -> None:
+        data = frame(MESSAGE, message.SerializeToString())
+        with self._cond:
+            if self._closed:
+                return
             self.sent_messages += 1
-            yield message
-            if item is None:
-                item = self._outbox.get()
+            self.sent_attempts += attempts
+            conn = self._conn
+            if conn is None or self._writing or self._backlog or len(data) > INLINE_BYTES:
+                self._backlog.append(data)
+                self._cond.notify_all()
+                return
+            self._writing = True
+        self._write(conn, data)
 
-    def _batch(self, item: tuple[int, Any]) -> tuple[pb.DriverMessage, Any]:
-        """A message of ``item`` and the items queued behind it; returns it with the item
-        that goes next (``None``: none taken yet)."""
-        message = pb.DriverMessage()
-        phase, size = _LAUNCH, 0
+    def _write(self, conn: Connection, data: bytes) -> None:
+        """Write ``data`` (this thread set ``_writing``); a broken connection is shut down,
+        which the reader reports."""
+        try:
+            conn.send(data)
+        except OSError:
+            conn.close()
+        with self._cond:
+            self._writing = False
+            if self._backlog:
+                self._cond.notify_all()
+
+    def _writer(self, conn: Connection) -> None:
+        """The writer thread: the backlog, in order, until the link is closed."""
         while True:
-            kind, payload = item
-            if kind < phase:
-                return message, item  # issued after a kind applied later: next message
-            phase = kind
-            if kind == _LAUNCH:
-                message.launches.append(payload)
-                size += payload.ByteSize()
-                self.sent_attempts += len(payload.attempts)
-            elif kind == _CANCEL:
-                message.cancel.extend(payload)
-                size += 10 * len(payload)
-            else:
-                message.drop.extend(payload)
-                size += sum(len(k) + 4 for k in payload)
-            if size >= MAX_BATCH_BYTES:
-                return message, None
-            try:
-                item = self._outbox.get_nowait()
-            except queue.Empty:
-                return message, None
-            if item is _END:
-                return message, _END
+            with self._cond:
+                while not self._closed and (self._writing or not self._backlog):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                data, self._backlog = b"".join(self._backlog), []
+                self._writing = True
+            self._write(conn, data)
 
-    def _read(self, requests: Iterator[bytes], on_results: OnResults, on_end: OnEnd) -> None:
-        """The reader thread: results to ``on_results`` until the stream ends; then, unless
-        the driver closed it, ``on_end`` with why."""
+    def _finish(self, why: str, code: grpc.StatusCode) -> bool:
+        """Close once, telling the worker why (after the write under way, if it ends within
+        a second); False if it was closed already (then nothing changes)."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._closed = True
+            self._cond.notify_all()
+            idle = self._cond.wait_for(lambda: not self._writing, timeout=1.0)
+            self._writing = True  # the end goes last; nothing is written after it
+            conn = self._conn
+        if conn is not None:
+            if idle:
+                with contextlib.suppress(OSError):
+                    conn.send(end_frame(code, why), wait=False)
+            conn.close()
+        return True
+
+    # --- the reader's side ---
+
+    def _attach(self, conn: Connection) -> bool:
+        """The worker connected: start writing. False if it had connected already or the
+        link is closed."""
+        with self._cond:
+            if self._conn is not None or self._closed:
+                return False
+            self._conn = conn
+            self.reader = threading.current_thread()
+            self.writer = threading.Thread(target=self._writer, args=(conn,),
+                                           name=f"clamor-stream-out-{self.worker}", daemon=True)  # fmt: skip
+        self.writer.start()
+        return True
+
+    def _ping(self) -> None:
+        now = time.monotonic()
+        if now - self._last_ping >= PING_INTERVAL and self._conn is not None:
+            self._last_ping = now
+            with contextlib.suppress(OSError):
+                self._conn.send(frame(PING), wait=False)  # a write under way shows life too
+
+    def _read(self, conn: Connection, on_results: OnResults, on_end: OnEnd) -> None:
+        """Results to ``on_results`` until the stream ends; then, unless the driver
+        closed it, ``on_end`` with why."""
         why, code = "its task stream ended (connection closed)", grpc.StatusCode.OK
         try:
-            for data in requests:
+            for kind, body in conn.frames(self._ping):
+                if kind == END:
+                    why = "its task stream ended: the worker said {1} ({0.name})".format(*parse_end(body))
+                    break
+                if kind != MESSAGE:
+                    continue
                 try:
-                    message = pb.WorkerMessage.FromString(data)
+                    message = pb.WorkerMessage.FromString(body)
                 except DecodeError as exc:
                     why = f"worker {self.worker} sent a task-stream message that does not decode ({exc})"
                     code = grpc.StatusCode.INVALID_ARGUMENT
@@ -171,91 +293,157 @@ class DriverLink:
                 self.received_reports += len(message.reports)
                 if message.reports or message.moved:
                     on_results(self.worker, message.reports, message.moved)
-        except grpc.RpcError as exc:  # the server's own carries no code: the call is gone
-            status = getattr(exc, "code", None)
-            why = "its task stream ended" + (f" ({status().name}: {exc.details()})" if status
-                                             else " (connection lost or call cancelled)")  # fmt: skip
+        except LinkTimeout as exc:
+            why = f"its task stream ended ({exc}: stopped, or its link was cut)"
+        except (OSError, ValueError) as exc:  # ValueError: the driver closed the socket meanwhile
+            why = f"its task stream ended (connection lost: {exc})"
         except Exception as exc:  # noqa: BLE001 - whatever handling the results raised
             why = f"the driver could not take worker {self.worker}'s results: {type(exc).__name__}: {exc}"
             code = grpc.StatusCode.INTERNAL
         if self._finish(why, code):
             on_end(self.worker, why)
+        conn.close()
 
 
-def serve(
-    requests: Iterator[bytes],
-    context: grpc.ServicerContext,
-    link_of: Callable[[int], DriverLink | None],
-    on_results: OnResults,
-    on_end: OnEnd,
-) -> Iterator[pb.DriverMessage]:
-    """The ``Session`` handler: the first message names the worker; its link's
-    :meth:`DriverLink.messages` are the responses, and a reader thread takes the results.
+class TaskStreamServer:
+    """The driver's listener: a thread per connection runs the handshake, attaches the
+    worker's :class:`DriverLink` (``link_of(worker)``) and then reads its results.
 
-    Refused: a first message that does not decode (``INVALID_ARGUMENT``), a worker the
-    driver does not have ready (``FAILED_PRECONDITION``), a second stream for one
-    worker (``ALREADY_EXISTS``).
+    Refused, with the reason in an ``END`` frame: a first message that does not decode
+    (``INVALID_ARGUMENT``), a worker the driver does not have ready
+    (``FAILED_PRECONDITION``), a second stream for one worker (``ALREADY_EXISTS``). A
+    client without the token is hung up on.
     """
-    data = next(requests, None)
-    if data is None:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a task stream must start with its worker id")
-    try:
-        first = pb.WorkerMessage.FromString(data)
-    except DecodeError as exc:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                      f"the first task-stream message does not decode ({exc})")  # fmt: skip
-    link = link_of(first.worker_id)
-    if link is None:
-        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                      f"worker {first.worker_id} is not ready here, or was lost")  # fmt: skip
-    if not link._attach(context):
-        context.abort(grpc.StatusCode.ALREADY_EXISTS,
-                      f"worker {first.worker_id} has a task stream already")  # fmt: skip
-    context.add_callback(lambda: link._outbox.put(_END))  # the call ended: stop sending
-    link.reader = threading.Thread(target=link._read, args=(requests, on_results, on_end),
-                                   name=f"clamor-stream-{first.worker_id}", daemon=True)  # fmt: skip
-    link.reader.start()
-    return link.messages()
 
+    def __init__(self, token: bytes, host: str, tls: TLSMaterial | None,
+                 link_of: Callable[[int], DriverLink | None], on_results: OnResults,
+                 on_end: OnEnd) -> None:  # fmt: skip
+        self._token = token
+        self._tls = tls_context(tls, server=True) if tls is not None else None
+        self._link_of, self._on_results, self._on_end = link_of, on_results, on_end
+        self._sock = socket.create_server((host, 0))
+        self.port: int = self._sock.getsockname()[1]
+        self.refused = 0
+        self._acceptor = threading.Thread(target=self._accept, name="clamor-stream-accept", daemon=True)
+        self._acceptor.start()
 
-def add_session_handler(handler: Callable[[Iterator[bytes], grpc.ServicerContext], Any],
-                        server: grpc.Server) -> None:  # fmt: skip
-    """Serve ``Scheduler.Session`` with ``handler``, which gets the requests as raw bytes
-    (it decodes them itself). Register it before ``add_SchedulerServicer_to_server``:
-    the first handler that knows a method serves it."""
-    method = grpc.stream_stream_rpc_method_handler(
-        handler, response_serializer=pb.DriverMessage.SerializeToString
-    )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Session": method}),))
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._sock.accept()
+            except OSError:
+                return  # shut down by close()
+            threading.Thread(target=self._serve, args=(sock,), name="clamor-stream", daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            conn, link = self._open(sock)
+        except (OSError, ValueError) as exc:
+            self.refused += 1
+            logger.warning("refused a task stream: %s", exc)
+            with contextlib.suppress(OSError):
+                sock.close()
+            return
+        if link is not None:
+            link._read(conn, self._on_results, self._on_end)
+
+    def _open(self, sock: socket.socket) -> tuple[Connection, DriverLink | None]:
+        """Handshake and first message; the link attached, or ``None`` (refused, told why)."""
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(HANDSHAKE_TIMEOUT)
+        if self._tls is not None:
+            sock = self._tls.wrap_socket(sock, server_side=True)
+        if not prove_token_server(sock, self._token):
+            raise ConnectionError("a client without the cluster token")
+        size, kind = _HEADER.unpack(recv_exact(sock, _HEADER.size))
+        body = bytes(recv_exact(sock, min(size, 1 << 16)))
+        sock.settimeout(None)
+        conn = Connection(sock)
+        try:
+            if kind != MESSAGE or size > len(body):
+                raise DecodeError("not a message")
+            first = pb.WorkerMessage.FromString(body)
+        except DecodeError as exc:
+            refusal = (grpc.StatusCode.INVALID_ARGUMENT, f"the first task-stream message does not decode ({exc})")
+        else:
+            link = self._link_of(first.worker_id)
+            if link is None:
+                refusal = (grpc.StatusCode.FAILED_PRECONDITION, f"worker {first.worker_id} is not ready here, or was lost")
+            elif not link._attach(conn):
+                refusal = (grpc.StatusCode.ALREADY_EXISTS, f"worker {first.worker_id} has a task stream already")
+            else:
+                return conn, link
+        self.refused += 1
+        with contextlib.suppress(OSError):
+            conn.send(end_frame(*refusal))
+        conn.close()
+        return conn, None
+
+    def close(self) -> None:
+        """Stop accepting (the links' :meth:`DriverLink.close` ends the streams)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._acceptor.join(5.0)
 
 
 # --- the worker's end ---------------------------------------------------------------
 
 
-def run_worker_stream(
-    scheduler: pb_grpc.SchedulerStub,
-    worker_id: int,
-    outgoing: Iterator[pb.WorkerMessage],
-    apply: Callable[[pb.DriverMessage], None],
-) -> tuple[grpc.StatusCode, str]:
-    """Open this worker's task stream and serve it until it ends: each DriverMessage
-    goes to ``apply`` (on this thread, in order), ``outgoing`` is sent (gRPC takes its
-    messages on a thread of its own). Returns how the stream ended: ``OK`` when the
-    driver closed it (the cluster closes), else the code and what happened."""
-
-    def messages() -> Iterator[pb.WorkerMessage]:
-        yield pb.WorkerMessage(worker_id=worker_id)
-        yield from outgoing
-
-    call = scheduler.Session(messages())
+def open_stream(address: str, token: bytes, tls: TLSMaterial | None, first: bytes) -> Connection:
+    """Connect to the driver's :class:`TaskStreamServer` at ``address``, prove the token
+    and send ``first`` (a serialized WorkerMessage naming the worker)."""
+    host, port = split_address(address)
+    sock = socket.create_connection((host, port), timeout=HANDSHAKE_TIMEOUT)
     try:
-        for message in call:
-            apply(message)
-    except grpc.RpcError as exc:
-        return exc.code(), f"the task stream ended: {exc.code().name}: {exc.details()}"
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            sock = tls_context(tls).wrap_socket(sock, server_hostname=TLS_SERVER_NAME)
+        prove_token_client(sock, token)
+        sock.settimeout(None)
+        conn = Connection(sock)
+        conn.send(frame(MESSAGE, first))
+        return conn
+    except BaseException:
+        sock.close()
+        raise
+
+
+def run_worker_stream(
+    address: str,
+    token: bytes,
+    tls: TLSMaterial | None,
+    worker_id: int,
+    apply: Callable[[pb.DriverMessage], None],
+    report_to: Callable[[Callable[[pb.WorkerMessage], None]], None],
+) -> tuple[grpc.StatusCode, str]:
+    """Open this worker's task stream and serve it until it ends: each DriverMessage goes
+    to ``apply`` (on this thread, in order); ``report_to`` gets the function that sends
+    a WorkerMessage up (from any thread). Returns how the stream ended: ``OK`` when the
+    driver closed it (the cluster closes), else the code and what happened."""
+    try:
+        conn = open_stream(address, token, tls, pb.WorkerMessage(worker_id=worker_id).SerializeToString())
+    except (OSError, ValueError) as exc:
+        return grpc.StatusCode.UNAVAILABLE, f"the task stream could not be opened at {address}: {exc}"
+    report_to(lambda message: conn.send(frame(MESSAGE, message.SerializeToString())))
+    try:
+        for kind, body in conn.frames():
+            if kind == MESSAGE:
+                apply(pb.DriverMessage.FromString(body))
+            elif kind == PING:
+                conn.send(frame(PONG))
+            elif kind == END:
+                code, why = parse_end(body)
+                return code, f"the driver ended the task stream: {code.name}: {why}"
+    except OSError as exc:  # a reset, a cut link (LinkTimeout)
+        return grpc.StatusCode.UNAVAILABLE, f"the task stream ended: {exc}"
     except Exception as exc:  # noqa: BLE001 - a message this worker cannot apply
-        call.cancel()
+        with contextlib.suppress(OSError):
+            conn.send(end_frame(grpc.StatusCode.INTERNAL, f"a message could not be applied: {exc}"))
         return grpc.StatusCode.INTERNAL, (
             f"a task-stream message could not be applied: {type(exc).__name__}: {exc}"
         )
-    return grpc.StatusCode.OK, "the driver closed the task stream"
+    else:
+        return grpc.StatusCode.UNAVAILABLE, "the task stream ended: the driver closed the connection"
+    finally:
+        conn.close()

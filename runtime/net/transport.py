@@ -1,4 +1,5 @@
-"""gRPC plumbing of the control plane: servers, channels, tokens, wire helpers.
+"""gRPC plumbing of the control plane: servers, channels, tokens, wire helpers; and the
+token handshake of its plain-TCP channels (the task streams, the bulk partition server).
 
 Every call carries the cluster token and the protocol version as metadata; a
 server interceptor checks both on every service (``UNAUTHENTICATED`` for a
@@ -12,8 +13,11 @@ server's certificate against :data:`TLS_SERVER_NAME`.
 from __future__ import annotations
 
 import collections
+import hashlib
 import hmac
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from concurrent import futures
@@ -26,8 +30,9 @@ logger = logging.getLogger("clamor.transport")
 
 #: Version of the control-plane protocol (runtime/net/proto/clamor.proto, package clamor.v1).
 #: 2: attempts and results travel on the Scheduler.Session task stream (Worker.Launch,
-#: Worker.Cancel and Scheduler.TaskFinished are gone). 3: a task's read set travels packed
-#: (TaskReport.read_pages / read_versions).
+#: Worker.Cancel and Scheduler.TaskFinished are gone).
+#: 3: the task stream is a TCP connection of its own (Scheduler.Session is gone), and a
+#: task's read set travels packed (TaskReport.read_pages / read_versions).
 PROTOCOL_VERSION = "3"
 TOKEN_METADATA_KEY = "x-clamor-token"
 PROTOCOL_METADATA_KEY = "x-clamor-protocol"
@@ -73,6 +78,51 @@ def split_address(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"expected HOST:PORT, got {address!r}")
     return host.strip("[]"), int(port)
+
+
+# --- the token handshake of the plain-TCP channels ------------------------------------
+
+#: Bytes of a handshake nonce, and of its answer (HMAC-SHA256).
+NONCE = 32
+MAC = hashlib.sha256().digest_size
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
+    """Exactly ``n`` bytes from ``sock`` (``ConnectionError`` if it closes first)."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if not k:
+            raise ConnectionError("the peer closed the connection")
+        got += k
+    return buf
+
+
+def _mac(token: bytes, nonce: bytes) -> bytes:
+    return hmac.new(token, nonce, hashlib.sha256).digest()
+
+
+def prove_token_server(sock: socket.socket, token: bytes) -> bool:
+    """The server's half of the handshake: both sides prove they know the cluster token
+    before anything else is read (the server sends a nonce, the client answers its HMAC
+    and a nonce of its own, which the server answers likewise). False: a wrong answer."""
+    nonce = os.urandom(NONCE)
+    sock.sendall(nonce)
+    answer = bytes(recv_exact(sock, MAC + NONCE))
+    if not hmac.compare_digest(answer[:MAC], _mac(token, nonce)):
+        return False
+    sock.sendall(_mac(token, answer[MAC:]))
+    return True
+
+
+def prove_token_client(sock: socket.socket, token: bytes) -> None:
+    """The client's half of :func:`prove_token_server`; ``ConnectionError`` if the server
+    does not know the token."""
+    theirs, mine = bytes(recv_exact(sock, NONCE)), os.urandom(NONCE)
+    sock.sendall(_mac(token, theirs) + mine)
+    if not hmac.compare_digest(bytes(recv_exact(sock, MAC)), _mac(token, mine)):
+        raise ConnectionError("the server does not know the cluster token")
 
 
 # --- servers --------------------------------------------------------------------

@@ -60,9 +60,15 @@ def pack(type_: int, page: int = 0, epoch: int = 0, aux: int = 0, flags: int = 0
     return HEADER.pack(magic, version, type_, page, epoch, aux, flags, aux2, length)
 
 
-def tls_context(tls: TLSMaterial) -> ssl.SSLContext:
-    """A client context presenting the cluster certificate and trusting only the cluster CA."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+def tls_context(tls: TLSMaterial, server: bool = False) -> ssl.SSLContext:
+    """A client (``server``: server) context presenting the cluster certificate and trusting
+    only the cluster CA; a server requires its clients' certificates and sends no session
+    tickets (no resumption is used, and a task stream's connection is read and written by
+    two threads at once: the fewer records beyond the data, the better)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+    if server:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.num_tickets = 0
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_verify_locations(cadata=tls.ca.decode())
     # ssl loads a certificate chain only from files: a private directory, gone at once.

@@ -1,13 +1,14 @@
 """The driver's thin loop around the scheduler state machine.
 
 Events (a stage submitted, tasks finished, a worker lost, partitions dropped)
-are queued to one thread, which feeds them to
-:class:`~clamor.runtime.scheduling.scheduler.SchedulerState` and carries out the
-instructions it returns: ``Launch``, ``Cancel`` and ``Drop`` are queued on the
-worker's task stream (runtime/net/task_stream.py: one long-lived gRPC stream per
-worker, which brings its results back too), ``StageDone`` / ``StageFailed`` resolve
+are run in order, one thread at a time (runtime/scheduling/events.py: the loop
+thread, or the task stream's reader that brought the results), which feed them to
+:class:`~clamor.runtime.scheduling.scheduler.SchedulerState` and carry out the
+instructions it returns: ``Launch``, ``Cancel`` and ``Drop`` go down the worker's
+task stream (runtime/net/task_stream.py: one long-lived TCP connection per worker,
+which brings its results back too), ``StageDone`` / ``StageFailed`` resolve
 the waiting caller. All scheduling decisions live in the state machine; this module
-only does I/O, and its loop never waits on a worker.
+only does I/O, and its events never wait on a worker.
 
 :meth:`Executor.execute` runs one stage inside the paging protocol
 (``paging_api``): a new epoch, page invalidations on every worker, the tasks,
@@ -21,7 +22,6 @@ import concurrent.futures
 import dataclasses
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -31,13 +31,14 @@ import grpc
 import numpy as np
 from clamor.runtime.data import accumulators
 from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
-from clamor.runtime.net import shipping, task_stream
+from clamor.runtime.net import shipping
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import decode_exception
 from clamor.runtime.net.task_stream import DriverLink
 from clamor.runtime.observe.telemetry import Telemetry
 from clamor.runtime.paging.paging_api import DriverPaging
+from clamor.runtime.scheduling.events import Event, EventLoop
 from clamor.runtime.scheduling.scheduler import (
     Cancel,
     Drop,
@@ -129,9 +130,6 @@ class Executor:
         self._state = SchedulerState(
             window=window, speculation=speculation, speculation_factor=speculation_factor
         )
-        self._events: queue.SimpleQueue[Callable[[SchedulerState], list] | None] = (
-            queue.SimpleQueue()
-        )
         self._endpoints: dict[int, _Endpoint] = {}
         self._stages: dict[int, _StageRun] = {}
         self._stage_ids = itertools.count(1)
@@ -146,16 +144,15 @@ class Executor:
         self.tasks_run = 0
         self.last_read_sets: list[list[tuple[int, int]]] = []
         self.last_epoch = 0
-        self._thread = threading.Thread(target=self._loop, name="clamor-scheduler", daemon=True)
-        self._thread.start()
+        self._events = EventLoop(self._run_batch)
 
     # --- events ---
 
-    def _post(self, event: Callable[[SchedulerState], list]) -> None:
-        self._events.put(event)
+    def _post(self, event: Event) -> None:
+        self._events.post(event)
 
     def ask(self, question: Callable[[SchedulerState], T]) -> T:
-        """``question(state)``, answered on the loop's thread (the state is not thread-safe)."""
+        """``question(state)``, answered in turn with the events (the state is not thread-safe)."""
         answer: list[T] = []
         self._post_and_wait(lambda s: answer.append(question(s)) or [])
         return answer[0]
@@ -177,27 +174,21 @@ class Executor:
             if self._closed:
                 raise ClamorError("the cluster is closed")
 
-    def _loop(self) -> None:
-        """Run events; those already queued are taken together so that their launches
-        to one worker go in one call (a batch of finished tasks refills in one go)."""
-        while True:
-            events = [self._events.get()]
-            while not self._events.empty() and len(events) < 1024:
-                events.append(self._events.get())
-            launches: dict[int, list] = {}
-            for event in events:
-                if event is None:
-                    return
-                try:
-                    for instruction in event(self._state):
-                        if isinstance(instruction, Launch):
-                            launches.setdefault(instruction.worker, []).extend(instruction.attempts)
-                            continue
-                        self._flush(launches)
-                        self._carry_out(instruction)
-                except Exception:
-                    logger.exception("scheduler event failed")
-            self._flush(launches)
+    def _run_batch(self, events: list[Event]) -> None:
+        """Run events queued together; their launches to one worker go in one message (a
+        batch of finished tasks refills in one go)."""
+        launches: dict[int, list] = {}
+        for event in events:
+            try:
+                for instruction in event(self._state):
+                    if isinstance(instruction, Launch):
+                        launches.setdefault(instruction.worker, []).extend(instruction.attempts)
+                        continue
+                    self._flush(launches)
+                    self._carry_out(instruction)
+            except Exception:
+                logger.exception("scheduler event failed")
+        self._flush(launches)
 
     def _flush(self, launches: dict[int, list]) -> None:
         for worker, attempts in launches.items():
@@ -219,15 +210,14 @@ class Executor:
         self.telemetry.worker_lost(worker, str(error))
         self._post(lambda s: s.worker_lost(worker, error, now=time.monotonic()))
 
-    def session(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.DriverMessage]:
-        """The Scheduler's ``Session``: a worker's task stream, attached to its link."""
-        return task_stream.serve(requests, context, self._link_of, self.task_finished, self._stream_ended)
-
-    def _link_of(self, worker: int) -> DriverLink | None:
+    def link_of(self, worker: int) -> DriverLink | None:
+        """Worker ``worker``'s task-stream link, for its stream to attach (``None``: not
+        ready, or lost)."""
         endpoint = self._endpoints.get(worker)
         return None if endpoint is None or endpoint.link.closed else endpoint.link
 
-    def _stream_ended(self, worker: int, why: str) -> None:
+    def stream_ended(self, worker: int, why: str) -> None:
+        """A worker's task stream ended without the driver closing it."""
         if not self._closed:
             self._unreachable(worker, why)
 
@@ -241,8 +231,10 @@ class Executor:
         self, worker: int, reports: Iterable[pb.TaskReport], moved: Iterable[pb.PartitionMove] = ()
     ) -> None:
         """Results from a worker's task stream: decode each report into an event, then the
-        partitions the worker spilled (after the outputs those reports register)."""
+        partitions the worker spilled (after the outputs those reports register); run
+        them on this thread (the stream's reader) unless events run elsewhere."""
         now = time.monotonic()
+        events: list[Event] = []
         for report in reports:
             self.tasks_run += 1
             self.telemetry.finished(report.attempt_id, report.status == pb.OK, report.duration)
@@ -254,21 +246,22 @@ class Executor:
                         f"the result of a task on worker {worker} cannot be unpickled in the "
                         f"driver: {type(exc).__name__}: {exc}"
                     )
-                    self._post(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e, now=now))
+                    events.append(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e, now=now))
                 else:
-                    self._post(lambda s, r=result: s.task_finished(worker, r, now=now))
+                    events.append(lambda s, r=result: s.task_finished(worker, r, now=now))
             else:
                 error = decode_exception(
                     report.error, report.traceback, report.error_type, report.error_message
                 )
-                self._post(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e, now=now))
+                events.append(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e, now=now))
         try:
             moves = {decode_key(m.key): (m.holder, m.tier, m.nbytes) for m in moved}
         except Exception:  # noqa: BLE001 - a key that does not unpickle: placement only
             logger.exception("worker %d reported partition moves that do not decode", worker)
             moves = {}
         if moves:
-            self._post(lambda s: s.partitions_moved(worker, moves))
+            events.append(lambda s: s.partitions_moved(worker, moves))
+        self._events.post_here(events)
 
     @staticmethod
     def _decode_result(worker: int, report: pb.TaskReport) -> TaskResult:
@@ -519,12 +512,12 @@ class Executor:
     def drop(self, keys: Iterable[PartitionKey]) -> None:
         """Forget ``keys`` (``holder`` says ``None`` on return); the holders free them soon
         after. Datasets call this from garbage-collection finalizers, which may run on any
-        thread: on the loop's own thread it only queues the event."""
+        thread: on a thread running events it only queues the event."""
         keys = list(keys)
         if self._closed:
             return
         event = lambda s: s.partitions_dropped(keys)
-        if threading.current_thread() is self._thread:
+        if threading.current_thread() is self._events.runner:
             self._post(event)
         else:
             self._post_and_wait(event)
@@ -558,17 +551,18 @@ class Executor:
         for run in list(self._stages.values()):
             if not run.future.done():
                 run.future.set_exception(ClamorError("the cluster was closed"))
-        self._events.put(None)
+        self._events.stop()
         for endpoint in list(self._endpoints.values()):
-            endpoint.link.close()  # ends each Session call, which frees its handler thread
+            endpoint.link.close()  # ends each task stream: its reader and writer threads return
         if self._bulk is not None:
             self._bulk.close()
 
     def join(self, timeout: float = 5.0) -> None:
-        """Wait for the loop and the task streams' reader threads to end after :meth:`close`
-        (a reader ends with its stream: once its worker has exited, or the server stops)."""
-        readers = [e.link.reader for e in list(self._endpoints.values()) if e.link.reader is not None]
+        """Wait for the loop thread and the task streams' readers and writers to end after
+        :meth:`close` (they end with their streams, which it closed)."""
+        links = [e.link for e in list(self._endpoints.values())]
+        streams = [t for link in links for t in (link.reader, link.writer) if t is not None]
         deadline = time.monotonic() + timeout
-        for thread in [self._thread, *readers]:
+        for thread in [self._events.thread, *streams]:
             if thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))

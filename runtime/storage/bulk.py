@@ -25,10 +25,7 @@ authenticated by the token like the page protocol.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import logging
-import os
 import pickle
 import socket
 import struct
@@ -40,14 +37,12 @@ import grpc
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.net import shipping
 from clamor.runtime.net.proto import clamor_pb2 as pb
-from clamor.runtime.net.transport import split_address
+from clamor.runtime.net.transport import prove_token_client, prove_token_server, recv_exact, split_address
 from clamor.runtime.stage import PartitionKey
 from clamor.runtime.storage.partitions import decode_key, encode_key, join_chunks
 
 logger = logging.getLogger("clamor.bulk")
 
-NONCE = 32
-MAC = hashlib.sha256().digest_size
 MAX_KEY_BYTES = 64 << 10
 MAX_BUFFERS = 4096
 OK, NOT_HELD, ERROR = 0, 1, 2
@@ -58,21 +53,6 @@ TIMEOUT = 600.0
 
 class BulkError(ClamorError):
     """A partition could not be fetched over the bulk channel."""
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if not k:
-            raise ConnectionError("the peer closed the connection")
-        got += k
-    return buf
-
-
-def _mac(token: bytes, nonce: bytes) -> bytes:
-    return hmac.new(token, nonce, hashlib.sha256).digest()
 
 
 class BulkServer:
@@ -116,18 +96,14 @@ class BulkServer:
         try:
             conn.settimeout(TIMEOUT)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            nonce = os.urandom(NONCE)
-            conn.sendall(nonce)
-            answer = bytes(_recv_exact(conn, MAC + NONCE))
-            if not hmac.compare_digest(answer[:MAC], _mac(self._token, nonce)):
+            if not prove_token_server(conn, self._token):
                 self.refused += 1
                 return
-            conn.sendall(_mac(self._token, answer[MAC:]))
             while True:
-                (n,) = _U32.unpack(_recv_exact(conn, _U32.size))
+                (n,) = _U32.unpack(recv_exact(conn, _U32.size))
                 if n > MAX_KEY_BYTES:
                     return  # not our protocol: hang up
-                self._answer(conn, bytes(_recv_exact(conn, n)))
+                self._answer(conn, bytes(recv_exact(conn, n)))
         except (ConnectionError, OSError, struct.error):
             return
 
@@ -207,12 +183,12 @@ class BulkClient:
             with lock:
                 raw = encode_key(key)
                 sock.sendall(_U32.pack(len(raw)) + raw)
-                status, nbuf, size = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+                status, nbuf, size = _HEADER.unpack(recv_exact(sock, _HEADER.size))
                 if nbuf > MAX_BUFFERS:
                     raise ConnectionError(f"{nbuf} buffers: not the bulk protocol")
-                sizes = struct.unpack(f"<{nbuf}Q", _recv_exact(sock, 8 * nbuf)) if nbuf else ()
-                data = _recv_exact(sock, size)
-                buffers = [_recv_exact(sock, n) for n in sizes]
+                sizes = struct.unpack(f"<{nbuf}Q", recv_exact(sock, 8 * nbuf)) if nbuf else ()
+                data = recv_exact(sock, size)
+                buffers = [recv_exact(sock, n) for n in sizes]
         except (ConnectionError, OSError, struct.error) as exc:
             self._forget(address)
             raise BulkError(f"cannot fetch partition {key!r} from {address}: {exc}") from None
@@ -229,10 +205,7 @@ class BulkClient:
         sock = socket.create_connection((host, port), timeout=TIMEOUT)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            theirs, mine = bytes(_recv_exact(sock, NONCE)), os.urandom(NONCE)
-            sock.sendall(_mac(self._token, theirs) + mine)
-            if not hmac.compare_digest(bytes(_recv_exact(sock, MAC)), _mac(self._token, mine)):
-                raise ConnectionError("the server does not know the cluster token")
+            prove_token_client(sock, self._token)
         except ConnectionError as exc:
             sock.close()
             raise ConnectionError(f"no handshake: {exc} (a different cluster token?)") from None

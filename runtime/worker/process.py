@@ -7,11 +7,12 @@ It serves the ``Worker`` gRPC service on ``H:0``, registers with the driver's
 ``Scheduler`` at ``HOST:PORT``, builds its paging object from the config it gets
 back (``config["paging_factory"]``, a ``"module:callable"`` called as
 ``factory(worker_id, config)``; :class:`NullWorkerPaging` if absent), reports
-Ready, then opens its task stream (runtime/net/task_stream.py) and runs the
-attempts that come down it, one at a time, until told to shut down. The stream's
-end is the worker's: it exits saying why (the driver closed it or gave up on this
-worker: ``EXIT_OK`` / ``EXIT_DRIVER_REFUSED``; a broken connection, e.g. a cut link
-that fails the keepalive pings: ``EXIT_DRIVER_UNREACHABLE``). A watchdog thread
+Ready, then opens its task stream (runtime/net/task_stream.py: a TCP connection to
+the driver's port ``config["task_stream_port"]``) and runs the attempts that come down
+it, one at a time, until told to shut down. The stream's end is the worker's: it exits
+saying why (the driver closed it or gave up on this worker: ``EXIT_OK`` /
+``EXIT_DRIVER_REFUSED``; a broken connection, e.g. a cut link over which no ping came
+for 10 s: ``EXIT_DRIVER_UNREACHABLE``). A watchdog thread
 heartbeats the driver every second and exits with
 :data:`~clamor.runtime.exitcodes.EXIT_DRIVER_UNREACHABLE` when the driver has
 been unreachable for 5 s or its process (``--parent-pid``) is gone.
@@ -42,7 +43,7 @@ from clamor.runtime.exitcodes import (
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.task_stream import run_worker_stream
-from clamor.runtime.net.transport import connect, create_server, split_address
+from clamor.runtime.net.transport import connect, create_server, format_address, split_address
 from clamor.runtime.paging.memory import WorkerBudget
 from clamor.runtime.paging.paging_api import NullWorkerPaging, load_factory
 from clamor.runtime.storage.bulk import BulkServer
@@ -224,11 +225,13 @@ def _watchdog(scheduler, worker_id: int, parent_pid: int | None) -> None:
 
 
 def _serve_stream(
-    scheduler: pb_grpc.SchedulerStub, worker_id: int, executor: WorkerExecutor,
+    address: str, credentials: Credentials, worker_id: int, executor: WorkerExecutor,
     shutdown: threading.Event,
 ) -> None:  # fmt: skip
-    """Serve the task stream; when it ends (and no shutdown is under way), exit saying why."""
-    code, why = run_worker_stream(scheduler, worker_id, executor.outgoing(), executor.apply)
+    """Serve the task stream at ``address``; when it ends (and no shutdown is under way),
+    exit saying why."""
+    code, why = run_worker_stream(address, credentials.token.encode(), credentials.tls, worker_id,
+                                  executor.apply, executor.report_to)  # fmt: skip
     if shutdown.is_set():
         return  # the main thread exits
     if code == grpc.StatusCode.OK:
@@ -364,9 +367,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     logger.info("worker %d serving on %s", worker_id, address)
     executor = servicer.executor
+    stream_address = format_address(driver_host, int(config["task_stream_port"]))
     threading.Thread(
         target=_serve_stream,
-        args=(scheduler, worker_id, executor, servicer.shutdown_requested),
+        args=(stream_address, credentials, worker_id, executor, servicer.shutdown_requested),
         name="clamor-stream",
         daemon=True,
     ).start()

@@ -3,9 +3,10 @@
 The driver's messages on the task stream (runtime/net/task_stream.py) go to
 :meth:`WorkerExecutor.apply`, which queues launched attempts, drops cancelled ones and
 frees dropped partitions, and returns at once; a single runner thread runs the
-attempts in order (one task at a time per worker process, DESIGN 5).
-:meth:`WorkerExecutor.outgoing` gives the stream its messages up: each carries the
-attempts that finished while the previous one was being sent. Inputs are fetched on
+attempts in order (one task at a time per worker process, DESIGN 5), and sends their
+results up the stream itself (:meth:`WorkerExecutor.report_to`): at once when no attempt
+waits behind them, else (tiny tasks) every :data:`REPORT_BATCH` results or
+:data:`REPORT_DELAY` s. Inputs are fetched on
 first use from this worker's store, a peer's ``GetPartition`` or the driver's
 ``FetchPartition``.
 """
@@ -52,6 +53,10 @@ PROGRAM_CACHE = 16
 #: Seconds a peer that did not answer is waited for once more: the driver counts a worker
 #: lost at most ~10 s after the last message from it (task-stream pings, heartbeats).
 PEER_PATIENCE = 12.0
+#: While attempts wait, results go up this many to a message, or this many seconds after
+#: the last message (the driver refills its window of 32 per worker as they come back).
+REPORT_BATCH = 16
+REPORT_DELAY = 0.002
 
 
 @dataclasses.dataclass
@@ -101,6 +106,9 @@ class WorkerExecutor:
         self._queue: collections.deque[_Queued | _Exclusive] = collections.deque()
         self._cancelled: set[int] = set()
         self._finished: list[pb.TaskReport] = []
+        self._finished_bytes = 0
+        self._last_report = 0.0  # when results last went up
+        self._send: Callable[[pb.WorkerMessage], object] | None = None
         self._moved: list[pb.PartitionMove] = []  # spills, sent after the reports of their time
         self._cond = threading.Condition()
         self._peers: dict[str, pb_grpc.WorkerStub] = {}
@@ -212,8 +220,11 @@ class WorkerExecutor:
                 self._cond.notify_all()
                 if item.assignment.attempt_id in self._cancelled:
                     self._cancelled.discard(item.assignment.attempt_id)
-                    continue
-                self._finished.append(report)
+                else:
+                    self._finished.append(report)
+                    self._finished_bytes += report.ByteSize()
+                batches = self._batches()
+            self._report(batches)
 
     def _run(self, program: Any, item: _Queued) -> pb.TaskReport:
         a = item.assignment
@@ -314,27 +325,45 @@ class WorkerExecutor:
                 self._programs[stage] = program
         return program
 
-    # --- results, up the task stream (on a gRPC thread) ---
+    # --- results, up the task stream ---
 
-    def outgoing(self) -> Iterator[pb.WorkerMessage]:
-        """The task stream's messages up, forever: each carries the attempts finished (and
-        partitions moved) since the last one, up to about ``MAX_BATCH_BYTES``; the moves go
-        with the last reports taken before them, never ahead of those."""
-        while True:
-            with self._cond:
-                while not self._finished and not self._moved:
-                    self._cond.wait()
-                size, taken = 0, 0
-                for report in self._finished:
-                    size += report.ByteSize()
-                    taken += 1
-                    if size >= MAX_BATCH_BYTES:
-                        break
-                batch, self._finished = self._finished[:taken], self._finished[taken:]
-                moved: list[pb.PartitionMove] = []
-                if not self._finished:
-                    moved, self._moved = self._moved, []
-            yield pb.WorkerMessage(reports=batch, moved=moved)
+    def report_to(self, send: Callable[[pb.WorkerMessage], object]) -> None:
+        """Send results with ``send`` (the task stream is open: attempts come on it)."""
+        with self._cond:
+            self._send = send
+
+    def _batches(self) -> list[pb.WorkerMessage]:
+        """The results to send now (under ``_cond``): all of them when no attempt waits,
+        else none until :data:`REPORT_BATCH` are in or :data:`REPORT_DELAY` s
+        passed; a message carries up to about ``MAX_BATCH_BYTES``, and the moves go with
+        the last one, never ahead of the reports taken before them."""
+        if self._send is None or not (self._finished or self._moved):
+            return []
+        now = time.monotonic()
+        waiting = bool(self._queue) and isinstance(self._queue[0], _Queued)
+        if waiting and len(self._finished) < REPORT_BATCH \
+                and self._finished_bytes < MAX_BATCH_BYTES and now - self._last_report < REPORT_DELAY:
+            return []
+        self._last_report = now
+        batches, batch, size = [], [], 0
+        for report in self._finished:
+            batch.append(report)
+            size += report.ByteSize()
+            if size >= MAX_BATCH_BYTES:
+                batches.append(pb.WorkerMessage(reports=batch))
+                batch, size = [], 0
+        batches.append(pb.WorkerMessage(reports=batch, moved=self._moved))
+        self._finished, self._finished_bytes, self._moved = [], 0, []
+        return batches
+
+    def _report(self, batches: list[pb.WorkerMessage]) -> None:
+        """Send ``batches`` (off ``_cond``); a broken stream is left to its reader, which
+        ends the process."""
+        try:
+            for message in batches:
+                self._send(message)
+        except OSError as exc:
+            logger.warning("results could not be sent up the task stream: %s", exc)
 
 
 def _error_report(attempt_id: int, exc: BaseException, index: int = 0) -> pb.TaskReport:

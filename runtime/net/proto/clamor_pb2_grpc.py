@@ -103,11 +103,6 @@ class SchedulerStub(object):
                 request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.HeartbeatReply.FromString,
                 )
-        self.Session = channel.stream_stream(
-                '/clamor.v1.Scheduler/Session',
-                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.WorkerMessage.SerializeToString,
-                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.DriverMessage.FromString,
-                )
         self.FetchPartition = channel.unary_stream(
                 '/clamor.v1.Scheduler/FetchPartition',
                 request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.PartitionRequest.SerializeToString,
@@ -143,19 +138,11 @@ class SchedulerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Session(self, request_iterator, context):
-        """The task stream, one per worker, opened by the worker once Ready returned and
-        kept for its lifetime (runtime/net/task_stream.py): launches, cancels and drops
-        go down it in the order the driver issued them, results of finished attempts
-        come up, each side batching whatever queued while its last message was sent.
-        Its end (either way, for any reason) means the worker is lost.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def FetchPartition(self, request, context):
-        """Partitions held by the driver (e.g. data given to parallelize), in chunks.
+        """Attempts and results travel on the task stream, one TCP connection per worker
+        beside this service (runtime/net/task_stream.py), as WorkerMessage and
+        DriverMessage frames; RegisterReply's config names its port.
+        Partitions held by the driver (e.g. data given to parallelize), in chunks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -186,11 +173,6 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.HeartbeatRequest.FromString,
                     response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.HeartbeatReply.SerializeToString,
-            ),
-            'Session': grpc.stream_stream_rpc_method_handler(
-                    servicer.Session,
-                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.WorkerMessage.FromString,
-                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.DriverMessage.SerializeToString,
             ),
             'FetchPartition': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchPartition,
@@ -266,23 +248,6 @@ class Scheduler(object):
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
     @staticmethod
-    def Session(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(request_iterator, target, '/clamor.v1.Scheduler/Session',
-            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.WorkerMessage.SerializeToString,
-            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.DriverMessage.FromString,
-            options, channel_credentials,
-            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
-
-    @staticmethod
     def FetchPartition(request,
             target,
             options=(),
@@ -320,7 +285,7 @@ class Scheduler(object):
 class WorkerStub(object):
     """------------------------------------------------------------------- Worker
     Served by each worker; called by the driver (and by peers: GetPartition).
-    Attempts and partition drops reach a worker on its Scheduler.Session stream.
+    Attempts and partition drops reach a worker on its task stream.
     """
 
     def __init__(self, channel):
@@ -364,7 +329,7 @@ class WorkerStub(object):
 class WorkerServicer(object):
     """------------------------------------------------------------------- Worker
     Served by each worker; called by the driver (and by peers: GetPartition).
-    Attempts and partition drops reach a worker on its Scheduler.Session stream.
+    Attempts and partition drops reach a worker on its task stream.
     """
 
     def Invalidate(self, request, context):
@@ -450,7 +415,7 @@ def add_WorkerServicer_to_server(servicer, server):
 class Worker(object):
     """------------------------------------------------------------------- Worker
     Served by each worker; called by the driver (and by peers: GetPartition).
-    Attempts and partition drops reach a worker on its Scheduler.Session stream.
+    Attempts and partition drops reach a worker on its task stream.
     """
 
     @staticmethod

@@ -1,13 +1,15 @@
-"""The task stream (runtime/net/task_stream.py): one gRPC stream per worker carries its
-launches, cancels and drops down and its results up, batched.
+"""The task stream (runtime/net/task_stream.py): one TCP connection per worker carries its
+launches, cancels and drops down and its results up.
 
-Real processes: many tiny tasks come back in order, several per message; a worker
-SIGKILLed with attempts queued on it ends its stream and they rerun elsewhere; a
-message that does not decode, from a stranger or from a worker, is refused by name and
-the cluster keeps running stages; a cut link (simulated hosts, needs root) ends the
-stream through the channels' keepalive and the worker counts as lost, with a
-``WorkerLostError`` once no worker is left. The order of the driver's items is checked
-on a :class:`DriverLink` alone.
+On a socket pair: the driver's items arrive in issue order, small ones written at once
+and a large one through the writer thread; a closed link tells the worker why; silence
+ends a stream on both ends. Real processes: many tiny tasks come back in order, several
+per message; a worker SIGKILLed with attempts queued on it ends its stream and they rerun
+elsewhere; a stream without the token is hung up on; one that does not start right, or
+a message that does not decode from a worker, is refused by name and the cluster keeps
+running stages; a stopped worker or a cut link (simulated hosts, needs root) ends the
+stream through its pings and the worker counts as lost, with a ``WorkerLostError`` once
+no worker is left.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import socket
 import threading
 import time
 
@@ -25,10 +28,9 @@ from clamor.runtime.errors import WorkerLostError
 from clamor.runtime.net import task_stream, transport
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.net.task_stream import END, MESSAGE, PING, Connection, DriverLink
 from clamor.runtime.paging.paging_api import NullDriverPaging
 from clamor.runtime.stage import StageSpec, TaskSpec
-
-SESSION = f"/{task_stream.SERVICE}/Session"
 
 
 def index_of(ctx):
@@ -44,38 +46,112 @@ def lost_reason(cluster: Cluster, worker: int) -> str:
     return next(w["lost"] for w in cluster.worker_stats() if w["id"] == worker)
 
 
-# --- the driver's end alone ------------------------------------------------------------
+# --- one link on a socket pair ----------------------------------------------------------
 
 
-def test_items_leave_in_issue_order_batched_but_never_reordered():
-    link = task_stream.DriverLink(7)
-    launch = lambda stage: pb.LaunchRequest(stage_id=stage, attempts=[pb.Assignment(attempt_id=stage)])
-    link.launch(launch(1))
+def launch(stage: int, program: bytes = b"") -> pb.LaunchRequest:
+    return pb.LaunchRequest(stage_id=stage, program=program, attempts=[pb.Assignment(attempt_id=stage)])
+
+
+def attached(link: DriverLink) -> tuple[Connection, list]:
+    """``link`` attached to one end of a socket pair, read by a thread (the results it
+    gets, then ``("end", why)``); the worker's end."""
+    ours, theirs = socket.socketpair()
+    events: list = []
+    conn = Connection(ours)
+
+    def read():
+        assert link._attach(conn)
+        link._read(conn, lambda w, reports, moved: events.append([r.attempt_id for r in reports]),
+                   lambda w, why: events.append(("end", why)))  # fmt: skip
+
+    threading.Thread(target=read, daemon=True).start()
+    return Connection(theirs), events
+
+
+def received(conn: Connection, until: int, out: list | None = None) -> list[tuple[int, bytes]]:
+    """Frames from ``conn`` (appended to ``out`` as they come) until one of kind ``until``."""
+    out = [] if out is None else out
+    for kind, body in conn.frames():
+        out.append((kind, body))
+        if kind == until:
+            return out
+    raise AssertionError(f"the stream ended before a frame of kind {until}: {out}")
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def items(frames: list[tuple[int, bytes]]) -> list:
+    out = []
+    for kind, body in frames:
+        if kind == MESSAGE:
+            m = pb.DriverMessage.FromString(body)
+            out += [("launch", r.stage_id) for r in m.launches] + [("cancel", list(m.cancel))] * bool(m.cancel)
+            out += [("drop", list(m.drop))] * bool(m.drop)
+    return out
+
+
+def test_items_arrive_in_issue_order_a_large_one_through_the_writer_and_close_says_why():
+    link = DriverLink(7)
+    link.launch(launch(1))  # before the worker connects: waits for it
+    worker, events = attached(link)
+    frames: list = []
+    threading.Thread(target=received, args=(worker, END, frames), daemon=True).start()
+    wait_for(lambda: frames)
     link.launch(launch(2))
     link.cancel([1])
-    link.drop([b"k1"])
-    link.launch(launch(3))  # after a cancel and a drop: a message of its own
-    link.cancel([3])
-    link.close()
-    link.launch(launch(4))  # after close: never sent
-    messages = list(link.messages())
-    assert [([m.stage_id for m in msg.launches], list(msg.cancel), list(msg.drop)) for msg in messages] == [
-        ([1, 2], [1], [b"k1"]),
-        ([3], [3], []),
-    ]
-    assert (link.sent_messages, link.sent_attempts) == (2, 3)
+    link.launch(launch(3, b"p" * (3 * task_stream.INLINE_BYTES)))  # the writer thread's
+    link.drop([b"k1"])  # behind it: never ahead
+    link.launch(launch(4))
+    wait_for(lambda: len(frames) == 6)
+    link.close("the driver counts worker 7 as lost", grpc.StatusCode.ABORTED)
+    link.launch(launch(5))  # after close: never sent
+    wait_for(lambda: frames[-1][0] == END)
+    assert items(frames) == [("launch", 1), ("launch", 2), ("cancel", [1]), ("launch", 3),
+                             ("drop", [b"k1"]), ("launch", 4)]  # fmt: skip
+    assert task_stream.parse_end(frames[-1][1]) == (grpc.StatusCode.ABORTED, "the driver counts worker 7 as lost")
+    assert (link.sent_messages, link.sent_attempts) == (6, 4)
+    time.sleep(0.1)
+    assert events == []  # the driver closed it: not reported as an end
 
 
-def test_a_large_batch_is_cut_into_several_messages():
-    link = task_stream.DriverLink(0)
-    program = b"p" * (task_stream.MAX_BATCH_BYTES // 3)
-    for stage in range(7):
-        link.launch(pb.LaunchRequest(stage_id=stage, program=program))
-    link.close()
-    messages = list(link.messages())
-    assert [m.stage_id for msg in messages for m in msg.launches] == list(range(7))
-    assert len(messages) == 3
-    assert all(msg.ByteSize() < task_stream.MAX_BATCH_BYTES * 1.5 for msg in messages)
+def test_results_are_handed_on_and_a_worker_that_hangs_up_is_reported():
+    link = DriverLink(3)
+    worker, events = attached(link)
+    report = lambda *ids: pb.WorkerMessage(reports=[pb.TaskReport(attempt_id=i) for i in ids])
+    worker.send(task_stream.frame(MESSAGE, report(1, 2).SerializeToString()))
+    worker.send(task_stream.frame(MESSAGE, report(3).SerializeToString()))
+    worker.close()
+    deadline = time.monotonic() + 10
+    while len(events) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert events[:2] == [[1, 2], [3]] and events[2][0] == "end" and "connection" in events[2][1]
+    assert (link.received_messages, link.received_reports) == (2, 3) and link.closed
+
+
+def test_silence_ends_the_stream_on_both_ends(monkeypatch):
+    """The driver pings; a worker that stops answering is reported after LINK_TIMEOUT,
+    and the worker's end gives up on a driver it stops hearing from."""
+    monkeypatch.setattr(task_stream, "PING_INTERVAL", 0.05)
+    monkeypatch.setattr(task_stream, "LINK_TIMEOUT", 0.5)
+    link = DriverLink(1)
+    worker, events = attached(link)
+    pings = [kind for kind, _ in received(worker, PING)]  # the worker reads, never answers
+    assert pings == [PING]
+    start = time.monotonic()
+    while not events and time.monotonic() - start < 10:
+        time.sleep(0.01)
+    assert events and events[0][0] == "end" and "nothing heard for" in events[0][1], events
+    assert 0.4 < time.monotonic() - start < 5
+
+    quiet, _ = socket.socketpair()  # a driver that never sends
+    with pytest.raises(task_stream.LinkTimeout):
+        list(Connection(quiet).frames())
 
 
 # --- a cluster ---------------------------------------------------------------------------
@@ -115,26 +191,36 @@ def test_a_worker_killed_mid_stream_has_its_queued_tasks_rerun_on_the_others(clu
     assert cluster.execute(StageSpec(index_of, [TaskSpec(i) for i in range(4)])) == [0, 1, 2, 3]
 
 
-def _raw_session(channel: grpc.Channel):
-    """Session without the generated codec: requests go as given bytes."""
-    return channel.stream_stream(SESSION, request_serializer=lambda b: b,
-                                 response_deserializer=pb.DriverMessage.FromString)  # fmt: skip
+def stream_address(cluster: Cluster) -> str:
+    host, _ = transport.split_address(cluster.address)
+    return transport.format_address(host, cluster._streams.port)
+
+
+def raw_stream(cluster: Cluster, first: bytes) -> Connection:
+    """A task stream to ``cluster`` whose first message is ``first`` (any bytes)."""
+    return task_stream.open_stream(stream_address(cluster), cluster._token.encode(), None, first)
 
 
 def test_streams_that_do_not_start_right_are_refused_by_name(cluster):
-    with transport.connect(cluster.address, cluster._token) as channel:
-        session = _raw_session(channel)
-        cases = [
-            (b"\xff\xff\xff", grpc.StatusCode.INVALID_ARGUMENT, "does not decode"),
-            (pb.WorkerMessage(worker_id=99).SerializeToString(), grpc.StatusCode.FAILED_PRECONDITION,
-             "worker 99 is not ready"),
-            (pb.WorkerMessage(worker_id=1).SerializeToString(), grpc.StatusCode.ALREADY_EXISTS,
-             "worker 1 has a task stream already"),
-        ]  # fmt: skip
-        for first, code, words in cases:
-            with pytest.raises(grpc.RpcError) as info:
-                list(session(iter([first]), timeout=30))
-            assert info.value.code() == code and words in info.value.details()
+    cases = [
+        (b"\xff\xff\xff", grpc.StatusCode.INVALID_ARGUMENT, "does not decode"),
+        (pb.WorkerMessage(worker_id=99).SerializeToString(), grpc.StatusCode.FAILED_PRECONDITION,
+         "worker 99 is not ready"),
+        (pb.WorkerMessage(worker_id=1).SerializeToString(), grpc.StatusCode.ALREADY_EXISTS,
+         "worker 1 has a task stream already"),
+    ]  # fmt: skip
+    wait_for(lambda: all(cluster._executor.link_of(w).reader for w in (0, 1)))  # both connected
+    for first, code, words in cases:
+        conn = raw_stream(cluster, first)
+        end = received(conn, END)[-1][1]
+        conn.close()
+        got, why = task_stream.parse_end(end)
+        assert got == code and words in why, (got, why)
+    host, port = transport.split_address(stream_address(cluster))
+    with socket.create_connection((host, port), timeout=30) as stranger:  # another token
+        with pytest.raises(ConnectionError):
+            transport.prove_token_client(stranger, b"not the token")
+    assert cluster._streams.refused == len(cases) + 1
     assert cluster.workers == [0, 1]  # the real streams go on
     assert cluster.execute(StageSpec(index_of, [TaskSpec(i) for i in range(6)])) == list(range(6))
 
@@ -147,43 +233,36 @@ def test_a_worker_that_sends_an_undecodable_message_is_lost_and_its_tasks_rerun(
                                                       address="127.0.0.1:9"), timeout=30)  # fmt: skip
         fake = reply.worker_id
         scheduler.Ready(pb.ReadyRequest(worker_id=fake, info=pickle.dumps({})), timeout=30)
-        assert cluster.workers == [0, 1, fake]
-        launched = threading.Event()
-        ended: list[grpc.RpcError] = []
+    assert cluster.workers == [0, 1, fake]
+    conn = raw_stream(cluster, pb.WorkerMessage(worker_id=fake).SerializeToString())
+    ended: list[tuple[grpc.StatusCode, str]] = []
 
-        def requests():
-            yield pb.WorkerMessage(worker_id=fake).SerializeToString()
-            launched.wait(30)
-            yield b"\x0a\xff"  # a length past the end: not a WorkerMessage
+    def serve():
+        for kind, body in conn.frames():
+            if kind == MESSAGE and pb.DriverMessage.FromString(body).launches:
+                conn.send(task_stream.frame(MESSAGE, b"\x0a\xff"))  # a length past the end
+            elif kind == END:
+                ended.append(task_stream.parse_end(body))
+                return
 
-        def serve():
-            try:
-                for message in _raw_session(channel)(requests(), timeout=60):
-                    if message.launches:
-                        launched.set()
-            except grpc.RpcError as exc:
-                ended.append(exc)
-
-        thread = threading.Thread(target=serve, daemon=True)
-        thread.start()
-        before = cluster.counters()["tasks_rerun"]
-        n = 30
-        assert cluster.execute(StageSpec(index_of, [TaskSpec(i) for i in range(n)])) == list(range(n))
-        assert launched.is_set()
-        thread.join(30)
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    before = cluster.counters()["tasks_rerun"]
+    n = 30
+    assert cluster.execute(StageSpec(index_of, [TaskSpec(i) for i in range(n)])) == list(range(n))
+    thread.join(30)
+    conn.close()
     assert fake not in cluster.workers and cluster.workers == [0, 1]
     assert cluster.counters()["tasks_rerun"] > before
     assert "does not decode" in lost_reason(cluster, fake)
-    assert ended and ended[0].code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "does not decode" in ended[0].details()
+    assert ended and ended[0][0] == grpc.StatusCode.INVALID_ARGUMENT and "does not decode" in ended[0][1]
     assert cluster.execute(StageSpec(index_of, [TaskSpec(i) for i in range(4)])) == [0, 1, 2, 3]
 
 
 @pytest.mark.slow
-def test_a_worker_that_stops_answering_is_lost_through_the_keepalive_of_its_stream(cluster):
+def test_a_worker_that_stops_answering_is_lost_through_the_pings_of_its_stream(cluster):
     """SIGSTOP: the process still runs as far as its launcher can tell and no connection
-    is reset; only the pings that the driver's server sends on the stream find out
-    (transport's control-plane ping options: ~10 s)."""
+    is reset; only the driver's pings on the stream find out (~10 s)."""
     victim = 0
     threading.Timer(0.4, os.kill, (cluster.worker_pid(victim), signal.SIGSTOP)).start()
     n = 100
@@ -240,7 +319,7 @@ def test_a_cut_link_ends_the_stream_and_the_worker_is_lost(net):
         n = 200  # 4 s of work on one worker
         assert cluster.execute(StageSpec(sleepy, [TaskSpec(i) for i in range(n)])) == list(range(n))
         assert cluster.workers == [1]
-        assert time.monotonic() - start < 60  # keepalive: ~10 s, not a call's deadline
+        assert time.monotonic() - start < 60  # pings: ~10 s, not a call's deadline
         reason = lost_reason(cluster, 0)
         assert "task stream" in reason or "status 70" in reason, reason
 

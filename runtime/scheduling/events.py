@@ -1,0 +1,82 @@
+"""The scheduler's events, run one batch at a time, in the order posted.
+
+The scheduler's state machine is not thread-safe: its events (a stage submitted, tasks
+finished, a worker lost, ...) are queued and run in order, one thread at a time, under
+one lock. The loop thread runs what is posted with :meth:`EventLoop.post`, so that the
+poster (e.g. the notebook's main thread, which a ``KeyboardInterrupt`` may hit) never
+runs an event itself. A task stream's reader thread runs the results it posts on its
+own thread (:meth:`EventLoop.post_here`) unless another thread is running events: that
+saves waking the loop thread for every result message, ~0.1 ms per stage on a 2-core
+VM. Events queued together run as one batch (up to 1,024), so that their launches to
+one worker go in one message.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from typing import Any
+
+#: An event: called with the scheduler state, it returns the instructions to carry out.
+Event = Callable[[Any], list]
+
+
+class EventLoop:
+    """Runs queued events with ``run_batch(events)``, in order, on one thread at a time."""
+
+    def __init__(self, run_batch: Callable[[list[Event]], None]) -> None:
+        self._run_batch = run_batch
+        self._queue: collections.deque[Event] = collections.deque()
+        self._wake = threading.Condition()
+        self._lock = threading.Lock()  # held by the thread running events
+        self._stopped = False
+        #: The thread running events now (``None``: none).
+        self.runner: threading.Thread | None = None
+        self.thread = threading.Thread(target=self._loop, name="clamor-scheduler", daemon=True)
+        self.thread.start()
+
+    def post(self, event: Event) -> None:
+        """Queue ``event`` for the loop thread."""
+        self._queue.append(event)
+        with self._wake:
+            self._wake.notify()
+
+    def post_here(self, events: list[Event]) -> None:
+        """Queue ``events`` and run what is queued on this thread, unless another thread
+        is running events (it runs these too, or the loop thread does)."""
+        self._queue.extend(events)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
+            if not self._queue:
+                return
+        with self._wake:
+            self._wake.notify()
+
+    def stop(self) -> None:
+        """Run no more events; the loop thread returns."""
+        self._stopped = True
+        with self._wake:
+            self._wake.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._stopped:
+                    self._wake.wait()
+            if self._stopped:
+                return
+            with self._lock:
+                self._drain()
+
+    def _drain(self) -> None:
+        """Run the queued events, in batches (this thread holds ``_lock``)."""
+        self.runner = threading.current_thread()
+        try:
+            while self._queue and not self._stopped:
+                self._run_batch([self._queue.popleft() for _ in range(min(1024, len(self._queue)))])
+        finally:
+            self.runner = None
