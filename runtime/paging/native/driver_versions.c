@@ -175,9 +175,9 @@ static void on_write_fault(uint64_t p) {
  * version is needed, the chunk is unparked whole. Else only this page is mapped into
  * it (UFFDIO_CONTINUE), write-protected unless this first write unprotects it. */
 static void on_parked_fault(uint64_t p, int write) {
-    uint64_t c = cl_wtrack_chunk_of(D.wt, p);
     struct uffdio_range page = {(uint64_t)(uintptr_t)(D.base + p * D.ps), D.ps};
-    if (!cl_wtrack_is_parked(D.wt, c)) { /* unparked since the fault: that woke it, or this does */
+    uint64_t c = D.wt ? cl_wtrack_chunk_of(D.wt, p) : 0;
+    if (!D.wt || !cl_wtrack_is_parked(D.wt, c)) { /* unparked since the fault: that woke it, or this does */
         ioctl(D.uffd, UFFDIO_WAKE, &page);
         return;
     }
