@@ -101,6 +101,9 @@ class _Worker:
     local: bool  # its launcher sees the process (a local subprocess)
     ready: bool = False
     lost: str | None = None  # how it was lost
+    #: A thread is finding out how it ended (and may kill it): only that one marks it lost,
+    #: so the reason is the one that thread gives, not "killed by signal 9" seen meanwhile.
+    ending: bool = False
     #: Set once the pager and the executor know it is lost (later callers wait for it).
     lost_told: threading.Event = dataclasses.field(default_factory=threading.Event)
     info: dict = dataclasses.field(default_factory=dict)  # its WorkerPaging.info()
@@ -360,13 +363,26 @@ class Cluster(ClusterInspection, DatasetSources):
     def _on_unreachable(self, worker_id: int, details: str) -> None:
         """A call to a worker failed: find out how it ended (off the calling thread)."""
         worker = self._workers.get(worker_id)
-        if worker is None or worker.lost is not None or self._closed:
+        if worker is None or self._closed or not self._claim_end(worker):
             return
-        threading.Thread(
-            target=lambda: self._mark_lost(worker, f"{details}; {self._how_lost(worker, True)}"),
-            name="clamor-lost",
-            daemon=True,
-        ).start()
+
+        def find_out() -> None:
+            try:
+                how = self._how_lost(worker, True)
+            except Exception as exc:  # noqa: BLE001 - it is lost whatever the launcher says
+                how = f"its end could not be found out ({type(exc).__name__}: {exc})"
+            self._mark_lost(worker, f"{details}; {how}")
+
+        threading.Thread(target=find_out, name="clamor-lost", daemon=True).start()
+
+    def _claim_end(self, worker: _Worker) -> bool:
+        """Become the one thread that finds out how ``worker`` ended and marks it lost;
+        False if it is lost already or another thread is at it."""
+        with self._cond:
+            if worker.lost is not None or worker.ending:
+                return False
+            worker.ending = True
+            return True
 
     def _on_heartbeat(self, worker_id: int) -> bool:
         with self._cond:
@@ -453,9 +469,10 @@ class Cluster(ClusterInspection, DatasetSources):
         if self._closed:
             return
         with self._cond:
-            candidates = [w for w in self._workers.values() if w.lost is None and w.ready]
+            candidates = [w for w in self._workers.values()
+                          if w.lost is None and w.ready and not w.ending]  # fmt: skip
         for worker in candidates:
-            if not self._process_alive(worker):
+            if not self._process_alive(worker) and self._claim_end(worker):
                 self._mark_lost(worker, self._how_lost(worker))
 
     def _live_worker(self, worker_id: int) -> _Worker:
@@ -594,9 +611,13 @@ class Cluster(ClusterInspection, DatasetSources):
         worker = self._workers.get(worker_id)
         if worker is None:
             raise ValueError(f"no worker {worker_id} (workers: {self.workers})")
+        claimed = self._claim_end(worker)  # the reason is this one, not what a refresh sees
         try:
             code = self._launcher.kill(worker_id, worker.pid)
         except (NotImplementedError, KeyError):
+            if claimed:
+                with self._cond:
+                    worker.ending = False
             raise ValueError(f"worker {worker_id} was not started by this cluster") from None
         where = self._launcher.describe(worker_id)
         ended = "killed" if code is None else describe_exit(code)

@@ -322,6 +322,32 @@ def test_lost_workers_raise_worker_lost_error():
         assert c.workers == []
 
 
+def test_a_worker_the_driver_finds_unreachable_and_kills_keeps_that_reason(monkeypatch):
+    """The thread that finds a stopped worker unreachable kills it and says so; a refresh
+    that sees the process dead in between must not get in first with a bare "killed by
+    signal 9" (the keepalive test's flake on a loaded machine, made certain here)."""
+    with Cluster(2, paging=NullDriverPaging(), speculation=False, timeout=30) as c:
+        launcher = c._launcher
+        kill = launcher.kill
+
+        def kill_then_refresh(worker_id: int, *args: object) -> int | None:
+            code = kill(worker_id, *args)
+            c._refresh()  # the executor's poll, running between the kill and the marking
+            return code
+
+        monkeypatch.setattr(launcher, "kill", kill_then_refresh)
+        os.kill(c.worker_pid(0), signal.SIGSTOP)  # alive to its launcher, answers nothing
+        c._on_unreachable(0, "its task stream ended (test)")
+        worker = c._workers[0]
+        assert worker.lost_told.wait(30)
+        assert worker.lost.startswith("its task stream ended (test); unreachable (no reply); "
+                                      "killed: killed by signal 9"), worker.lost  # fmt: skip
+        assert c.workers == [1]
+        # kill_worker's own reason wins over a refresh in the same way
+        c.kill_worker(1)
+        assert c._workers[1].lost.endswith("(kill_worker)"), c._workers[1].lost
+
+
 def test_startup_failure_names_the_workers():
     class BadPaging:
         def worker_config(self, worker_id, host):
