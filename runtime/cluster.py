@@ -366,14 +366,19 @@ class Cluster(ClusterInspection, DatasetSources):
         if worker is None or self._closed or not self._claim_end(worker):
             return
 
-        def find_out() -> None:
-            try:
-                how = self._how_lost(worker, True)
-            except Exception as exc:  # noqa: BLE001 - it is lost whatever the launcher says
-                how = f"its end could not be found out ({type(exc).__name__}: {exc})"
-            self._mark_lost(worker, f"{details}; {how}")
+        threading.Thread(
+            target=lambda: self._mark_lost(worker, f"{details}; {self._how_ended(worker, True)}"),
+            name="clamor-lost",
+            daemon=True,
+        ).start()
 
-        threading.Thread(target=find_out, name="clamor-lost", daemon=True).start()
+    def _how_ended(self, worker: _Worker, unreachable: bool = False) -> str:
+        """:meth:`_how_lost`, or why it is not known: the claimant of a worker's end
+        (:meth:`_claim_end`) must mark it lost whatever the launcher raises."""
+        try:
+            return self._how_lost(worker, unreachable)
+        except Exception as exc:  # noqa: BLE001 - it is lost whatever the launcher says
+            return f"its end could not be found out ({type(exc).__name__}: {exc})"
 
     def _claim_end(self, worker: _Worker) -> bool:
         """Become the one thread that finds out how ``worker`` ended and marks it lost;
@@ -473,7 +478,7 @@ class Cluster(ClusterInspection, DatasetSources):
                           if w.lost is None and w.ready and not w.ending]  # fmt: skip
         for worker in candidates:
             if not self._process_alive(worker) and self._claim_end(worker):
-                self._mark_lost(worker, self._how_lost(worker))
+                self._mark_lost(worker, self._how_ended(worker))
 
     def _live_worker(self, worker_id: int) -> _Worker:
         worker = self._workers.get(worker_id)
