@@ -65,6 +65,8 @@ logger = logging.getLogger("clamor.cluster")
 HEARTBEAT_TIMEOUT = 10.0
 #: How often a waiting stage checks that its workers' processes are still alive.
 POLL_INTERVAL = 0.1
+#: How long a retried Register waits for the first attempt's answer (then it is a new one).
+REGISTER_PATIENCE = 30.0
 
 #: One task of a stage: ``(worker, fn, args)`` or ``(worker, fn, args, kwargs)``.
 Call = tuple[int, Callable, tuple] | tuple[int, Callable, tuple, dict]
@@ -253,6 +255,9 @@ class Cluster(ClusterInspection, DatasetSources):
         self._workers: dict[int, _Worker] = {}
         self._channels: list[grpc.Channel] = []
         self._next_id = n
+        #: launch key -> [pid, reply or None while being answered]: a worker whose Register
+        #: call timed out on its side retries it, and gets the same id and reply again.
+        self._registrations: dict[str, list] = {}
         self._closed = False
         self._publisher: snapshots.Publisher | None = None
         self._throttle = Throttle()
@@ -312,6 +317,35 @@ class Cluster(ClusterInspection, DatasetSources):
     # --- scheduler service callbacks (gRPC threads) ---
 
     def _on_register(self, request: pb.RegisterRequest) -> pb.RegisterReply:
+        """Give the registering process its id and configuration. A retry (its call timed
+        out on a loaded machine while the first one was being answered: same launch key,
+        same pid) gets the first answer: a new id would leave the first one registered
+        but never ready, and the cluster's start would wait for it until its timeout."""
+        key = request.launch_key
+        with self._cond:
+            entry = self._registrations.get(key) if key else None
+            if entry is not None and entry[0] == request.pid:
+                if self._cond.wait_for(lambda: entry[1] is not None, timeout=REGISTER_PATIENCE):
+                    logger.info("worker %d registered again (a retry): pid %d", entry[1].worker_id,
+                                request.pid)  # fmt: skip
+                    return entry[1]
+            if key:
+                entry = self._registrations[key] = [request.pid, None]
+        try:
+            reply = self._register(request)
+        except BaseException:
+            with self._cond:
+                if key and self._registrations.get(key) is entry:
+                    del self._registrations[key]
+            raise
+        if key:
+            with self._cond:
+                entry[1] = reply
+                self._cond.notify_all()
+        return reply
+
+    def _register(self, request: pb.RegisterRequest) -> pb.RegisterReply:
+        """A new registration: claim the launcher's reserved id (or the next free one)."""
         with self._cond:
             worker_id = self._launcher.claim(request.launch_key, request.pid)
             local = worker_id is not None and self._launcher.observes(worker_id)

@@ -348,6 +348,33 @@ def test_a_worker_the_driver_finds_unreachable_and_kills_keeps_that_reason(monke
         assert c._workers[1].lost.endswith("(kill_worker)"), c._workers[1].lost
 
 
+def test_a_worker_whose_register_call_times_out_keeps_its_id_when_it_retries(monkeypatch):
+    """A loaded driver answers Register after the worker's 2 s deadline: the worker retries
+    with the same launch key and must get the same id, not a new one (the reserved id then
+    stayed "registered but not ready" and a 72-worker start waited for it until its timeout)."""
+    calls: list[int] = []
+    retried = threading.Event()
+    on_register, register = Cluster._on_register, Cluster._register
+
+    def counting(self: Cluster, request: pb.RegisterRequest) -> pb.RegisterReply:
+        calls.append(request.pid)
+        if len(calls) == 2:
+            retried.set()
+        return on_register(self, request)
+
+    def first_one_late(self: Cluster, request: pb.RegisterRequest) -> pb.RegisterReply:
+        if len(calls) == 1:
+            assert retried.wait(30), "the worker did not retry Register"
+        return register(self, request)
+
+    monkeypatch.setattr(Cluster, "_on_register", counting)
+    monkeypatch.setattr(Cluster, "_register", first_one_late)
+    with Cluster(1, paging=NullDriverPaging(), timeout=60) as c:
+        assert len(calls) >= 2 and set(calls) == {c.worker_pid(0)}
+        assert c.workers == [0] and [w["id"] for w in c.worker_stats()] == [0]
+        assert c.run(abs, -3, worker=0) == 3
+
+
 def test_startup_failure_names_the_workers():
     class BadPaging:
         def worker_config(self, worker_id, host):
