@@ -44,8 +44,19 @@ def _census() -> dict[str, set]:
     }
 
 
-def _left_since(before: dict[str, set], seconds: float = 5.0) -> dict[str, set]:
-    """What exists now and did not ``before``, once what is still winding down has ended."""
+#: gRPC's own thread pool (its EventEngine, shared by every channel and server of the
+#: process) adds threads when its work backs up, as it does on a loaded machine, and
+#: reclaims an extra thread after it has idled this long (kIdleThreadLimit in grpc core's
+#: work_stealing_thread_pool.cc, grpcio 1.60-1.85); its pollers' epoll and eventfd fds go
+#: with them. They are not the cluster's, but they are counted here until they end.
+GRPC_IDLE_THREAD_LIMIT = 20.0
+#: How long what a closed cluster leaves may take to wind down before it counts as left.
+WIND_DOWN = GRPC_IDLE_THREAD_LIMIT + 10.0
+
+
+def _left_since(before: dict[str, set], seconds: float = WIND_DOWN) -> dict[str, set]:
+    """What exists now and did not ``before``, once what is still winding down has ended
+    (returns as soon as nothing is left: ``seconds`` is only how long to wait for that)."""
     deadline = time.monotonic() + seconds
     while True:
         now = _census()
