@@ -66,6 +66,8 @@ logger = logging.getLogger("clamor.cluster")
 HEARTBEAT_TIMEOUT = 10.0
 #: How often a waiting stage checks that its workers' processes are still alive.
 POLL_INTERVAL = 0.1
+#: How long a retried Register waits for the first attempt's answer (then it is a new one).
+REGISTER_PATIENCE = 30.0
 
 #: One task of a stage: ``(worker, fn, args)`` or ``(worker, fn, args, kwargs)``.
 Call = tuple[int, Callable, tuple] | tuple[int, Callable, tuple, dict]
@@ -102,6 +104,9 @@ class _Worker:
     local: bool  # its launcher sees the process (a local subprocess)
     ready: bool = False
     lost: str | None = None  # how it was lost
+    #: A thread is finding out how it ended (and may kill it): only that one marks it lost,
+    #: so the reason is the one that thread gives, not "killed by signal 9" seen meanwhile.
+    ending: bool = False
     #: Set once the pager and the executor know it is lost (later callers wait for it).
     lost_told: threading.Event = dataclasses.field(default_factory=threading.Event)
     info: dict = dataclasses.field(default_factory=dict)  # its WorkerPaging.info()
@@ -267,6 +272,9 @@ class Cluster(ClusterInspection, DatasetSources):
         self._workers: dict[int, _Worker] = {}
         self._channels: list[grpc.Channel] = []
         self._next_id = n
+        #: launch key -> [pid, reply or None while being answered]: a worker whose Register
+        #: call timed out on its side retries it, and gets the same id and reply again.
+        self._registrations: dict[str, list] = {}
         self._closed = False
         self._publisher: snapshots.Publisher | None = None
         self._throttle = Throttle()
@@ -331,6 +339,35 @@ class Cluster(ClusterInspection, DatasetSources):
     # --- scheduler service callbacks (gRPC threads) ---
 
     def _on_register(self, request: pb.RegisterRequest) -> pb.RegisterReply:
+        """Give the registering process its id and configuration. A retry (its call timed
+        out on a loaded machine while the first one was being answered: same launch key,
+        same pid) gets the first answer: a new id would leave the first one registered
+        but never ready, and the cluster's start would wait for it until its timeout."""
+        key = request.launch_key
+        with self._cond:
+            entry = self._registrations.get(key) if key else None
+            if entry is not None and entry[0] == request.pid:
+                if self._cond.wait_for(lambda: entry[1] is not None, timeout=REGISTER_PATIENCE):
+                    logger.info("worker %d registered again (a retry): pid %d", entry[1].worker_id,
+                                request.pid)  # fmt: skip
+                    return entry[1]
+            if key:
+                entry = self._registrations[key] = [request.pid, None]
+        try:
+            reply = self._register(request)
+        except BaseException:
+            with self._cond:
+                if key and self._registrations.get(key) is entry:
+                    del self._registrations[key]
+            raise
+        if key:
+            with self._cond:
+                entry[1] = reply
+                self._cond.notify_all()
+        return reply
+
+    def _register(self, request: pb.RegisterRequest) -> pb.RegisterReply:
+        """A new registration: claim the launcher's reserved id (or the next free one)."""
         with self._cond:
             worker_id = self._launcher.claim(request.launch_key, request.pid)
             local = worker_id is not None and self._launcher.observes(worker_id)
@@ -383,13 +420,31 @@ class Cluster(ClusterInspection, DatasetSources):
     def _on_unreachable(self, worker_id: int, details: str) -> None:
         """A call to a worker failed: find out how it ended (off the calling thread)."""
         worker = self._workers.get(worker_id)
-        if worker is None or worker.lost is not None or self._closed:
+        if worker is None or self._closed or not self._claim_end(worker):
             return
+
         threading.Thread(
-            target=lambda: self._mark_lost(worker, f"{details}; {self._how_lost(worker, True)}"),
+            target=lambda: self._mark_lost(worker, f"{details}; {self._how_ended(worker, True)}"),
             name="clamor-lost",
             daemon=True,
         ).start()
+
+    def _how_ended(self, worker: _Worker, unreachable: bool = False) -> str:
+        """:meth:`_how_lost`, or why it is not known: the claimant of a worker's end
+        (:meth:`_claim_end`) must mark it lost whatever the launcher raises."""
+        try:
+            return self._how_lost(worker, unreachable)
+        except Exception as exc:  # noqa: BLE001 - it is lost whatever the launcher says
+            return f"its end could not be found out ({type(exc).__name__}: {exc})"
+
+    def _claim_end(self, worker: _Worker) -> bool:
+        """Become the one thread that finds out how ``worker`` ended and marks it lost;
+        False if it is lost already or another thread is at it."""
+        with self._cond:
+            if worker.lost is not None or worker.ending:
+                return False
+            worker.ending = True
+            return True
 
     def _on_heartbeat(self, worker_id: int) -> bool:
         with self._cond:
@@ -476,10 +531,11 @@ class Cluster(ClusterInspection, DatasetSources):
         if self._closed:
             return
         with self._cond:
-            candidates = [w for w in self._workers.values() if w.lost is None and w.ready]
+            candidates = [w for w in self._workers.values()
+                          if w.lost is None and w.ready and not w.ending]  # fmt: skip
         for worker in candidates:
-            if not self._process_alive(worker):
-                self._mark_lost(worker, self._how_lost(worker))
+            if not self._process_alive(worker) and self._claim_end(worker):
+                self._mark_lost(worker, self._how_ended(worker))
 
     def _live_worker(self, worker_id: int) -> _Worker:
         worker = self._workers.get(worker_id)
@@ -617,9 +673,13 @@ class Cluster(ClusterInspection, DatasetSources):
         worker = self._workers.get(worker_id)
         if worker is None:
             raise ValueError(f"no worker {worker_id} (workers: {self.workers})")
+        claimed = self._claim_end(worker)  # the reason is this one, not what a refresh sees
         try:
             code = self._launcher.kill(worker_id, worker.pid)
         except (NotImplementedError, KeyError):
+            if claimed:
+                with self._cond:
+                    worker.ending = False
             raise ValueError(f"worker {worker_id} was not started by this cluster") from None
         where = self._launcher.describe(worker_id)
         ended = "killed" if code is None else describe_exit(code)

@@ -11,6 +11,9 @@ one generated ed25519 client key for root; :meth:`Network.rate_limit` shapes a
 host's link with ``tc``; :meth:`Network.cut` takes it down (the host becomes
 unreachable, as after a switch or cable failure). :meth:`Network.close` removes it
 all, processes in the namespaces included, and checks nothing is left.
+:func:`checked` is the tests' way in: it skips or fails as
+:func:`clamor.testing.requirements.require_hosts` says, yields the network and always
+closes it, asserting that no namespace, link or process of it is left.
 
 Needs root, ``ip`` and ``tc``; for sshd also ``ssh``, ``ssh-keygen`` and
 ``/usr/sbin/sshd``; :func:`missing_requirements` says what is missing. Names carry the creating
@@ -29,6 +32,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
 
@@ -452,6 +457,31 @@ class Network:
         return [h.ns for h in self.hosts if h.ns in names] + [
             n for n in [self.bridge, *(h.veth for h in self.hosts)] if n in links
         ]
+
+
+@contextmanager
+def checked(hosts: int, workdir: str | os.PathLike, *, sshd: bool = False) -> Iterator[Network]:
+    """A :class:`Network` of ``hosts`` hosts for a test, removed however the test ends.
+
+    Skips the test without root or namespace permission and fails it when a program is
+    missing (:func:`~clamor.testing.requirements.require_hosts`); ``sshd``: an sshd runs on
+    every host (:meth:`Network.start_sshd`). On exit the network is closed and nothing of
+    it may be left: no namespace, veth or bridge, and no process in its namespaces.
+    """
+    from clamor.testing.requirements import require_hosts  # imports this module
+
+    require_hosts(sshd=sshd)
+    network = Network(hosts, workdir)
+    try:
+        if sshd:
+            for host in network.hosts:
+                network.start_sshd(host)
+        yield network
+    finally:
+        network.close()  # raises if a namespace's processes do not die or a link stays
+        assert network.leftovers() == [], f"left behind: {network.leftovers()}"
+        alive = [h.sshd.pid for h in network.hosts if h.sshd is not None and h.sshd.poll() is None]
+        assert alive == [], f"sshd processes left: {alive}"
 
 
 class NamespaceLauncher(LocalLauncher):

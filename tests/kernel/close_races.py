@@ -9,9 +9,12 @@ the Lab panel and the dashboards do) and ``%clamor status``. A stage runs, then
 ``%clamor stop`` closes the cluster while all of them keep polling.
 
 Every error a poller gets must be one that says the cluster is closed or gone;
-anything else is printed and the exit status is 1. Prints ``ok`` and the counts.
+anything else is printed and the exit status is 1. Prints ``ok``, the rounds run and
+the counts.
 
-Usage: ``python close_races.py ROUNDS REGISTRY_DIR``
+Usage: ``python close_races.py ROUNDS REGISTRY_DIR [SECONDS]``: ``ROUNDS`` rounds, but no
+round is started once ``SECONDS`` have passed (a round is a cluster's start and close,
+many times slower on a loaded machine than on an idle one).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Callable
 KERNEL = "close-races"
 
 
-def main(rounds: int, registry: str) -> int:
+def main(rounds: int, registry: str, seconds: float = float("inf")) -> int:
     import numpy as np
     from clamor.extension.clusters import (
         ClusterSource,
@@ -85,7 +88,10 @@ def main(rounds: int, registry: str) -> int:
     data = np.arange(1 << 18, dtype=np.float64)
     # 256k pages of 4 KiB (untouched: no memory): the pager's per-page loops take a while
     clamor.empty(1 << 27, np.float64)
-    for _ in range(rounds):
+    deadline = time.monotonic() + seconds
+    done = 0
+    while done < rounds and time.monotonic() < deadline:
+        done += 1
         cluster = session.use(clamor.Cluster(workers=1, page_size=4096))
         cluster_registry.publish(cluster, kernel=KERNEL, directory=registry)
         view = widgets.dashboard(cluster)
@@ -110,9 +116,10 @@ def main(rounds: int, registry: str) -> int:
     loop.call_soon_threadsafe(loop.stop)
     for line in unexpected[:20]:
         print("UNEXPECTED", line)
-    print("ok" if not unexpected else f"{len(unexpected)} unexpected errors", dict(sorted(seen.items())))
+    verdict = "ok" if not unexpected else f"{len(unexpected)} unexpected errors,"
+    print(verdict, done, "rounds", dict(sorted(seen.items())))
     return 1 if unexpected else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), sys.argv[2]))
+    sys.exit(main(int(sys.argv[1]), sys.argv[2], *map(float, sys.argv[3:4])))

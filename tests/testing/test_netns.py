@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clamor.testing import netns
-from clamor.testing.requirements import require_hosts
 
 import clamor
 
@@ -24,13 +23,8 @@ LINK = "200mbit"
 
 @pytest.fixture
 def net(tmp_path):
-    require_hosts(sshd=False)
-    network = netns.Network(3, tmp_path / "netns")
-    try:
+    with netns.checked(3, tmp_path / "netns") as network:
         yield network
-    finally:
-        network.close()
-        assert network.leftovers() == []
 
 
 def mbit(rates: list[float]) -> float:

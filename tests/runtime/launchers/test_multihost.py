@@ -25,7 +25,6 @@ from clamor.runtime.errors import ClamorError
 from clamor.runtime.launchers.ssh import SSHLauncher
 from clamor.runtime.paging.paging_api import NullDriverPaging
 from clamor.testing import netns
-from clamor.testing.requirements import require_hosts
 
 import clamor
 
@@ -38,16 +37,9 @@ PARTS = 16
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
     """Two hosts with sshd; the first one's link limited to 100 Mbit/s."""
-    require_hosts()
-    network = netns.Network(2, tmp_path_factory.mktemp("netns"))
-    try:
-        for host in network.hosts:
-            network.start_sshd(host)
+    with netns.checked(2, tmp_path_factory.mktemp("netns"), sshd=True) as network:
         network.rate_limit(network.hosts[0], "100mbit")
         yield network
-    finally:
-        network.close()
-        assert network.leftovers() == []
 
 
 def launcher(net, **kwargs) -> SSHLauncher:

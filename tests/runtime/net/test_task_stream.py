@@ -278,15 +278,9 @@ def test_a_worker_that_stops_answering_is_lost_through_the_pings_of_its_stream(c
 @pytest.fixture
 def net(tmp_path):
     from clamor.testing import netns
-    from clamor.testing.requirements import require_hosts
 
-    require_hosts(sshd=False)
-    network = netns.Network(2, tmp_path / "netns")
-    try:
+    with netns.checked(2, tmp_path / "netns") as network:
         yield network
-    finally:
-        network.close()
-        assert network.leftovers() == []
 
 
 #: Workers whose heartbeat watchdog waits 10 minutes: only the task stream can notice a cut.
