@@ -15,7 +15,7 @@ saying why (the driver closed it or gave up on this worker: ``EXIT_OK`` /
 for 10 s: ``EXIT_DRIVER_UNREACHABLE``). A watchdog thread
 heartbeats the driver every second and exits with
 :data:`~clamor.runtime.exitcodes.EXIT_DRIVER_UNREACHABLE` when the driver has
-been unreachable for 5 s or its process (``--parent-pid``) is gone.
+been unreachable for 15 s or its process (``--parent-pid``) is gone.
 """
 
 from __future__ import annotations
@@ -54,8 +54,11 @@ from clamor.runtime.worker.tasks import WorkerExecutor
 logger = logging.getLogger("clamor.worker")
 
 HEARTBEAT_INTERVAL = 1.0
-#: Consecutive seconds of failed heartbeats after which the worker gives up on the driver.
-HEARTBEAT_PATIENCE = 5.0
+#: Consecutive seconds of failed heartbeats after which the worker gives up on the driver:
+#: longer than the driver waits for a silent worker (10 s) and than the task stream's
+#: keepalive (10 s). With 5 s, the first workers of a 72-worker cluster gave up (status 70)
+#: while a loaded 2-core driver was registering the others.
+HEARTBEAT_PATIENCE = 15.0
 _REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
 #: Task-stream endings by which the driver refuses this worker (any other one but OK:
 #: the driver is unreachable).
