@@ -166,7 +166,7 @@ def main() -> None:
     order = [w for w in ORDER if w in results] + sorted(w for w in results if w not in ORDER)
     lines = ["# Benchmarks: Clamor vs. the peers", "",
              ("Ratios are peer / Clamor of the median times (above 1: Clamor is faster). "
-              "Numbers are from one 2-core machine unless a section says nproc 16 (a 16-core machine, `scale` and `same_host-16cores`); min–max shows the spread of the repetitions."),
+              "Numbers are from one 2-core machine unless a section says nproc 16 (a 16-core machine: `scale`, `driver_scale` and the sections named `-16cores`); min–max shows the spread of the repetitions."),
              ""]
     summary = [(w, g) for w in order for g in results[w].get("goals") or []]
     if summary:

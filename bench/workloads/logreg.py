@@ -391,8 +391,9 @@ def goals(result: dict, systems: list[str], net: str | None) -> list[dict]:
             pages = c["bytes_moved"] / result["page_size"]
             update = float(np.median(c["driver_update_seconds"]))
             why = (f"Clamor's median iteration is {np.median(c['seconds']) * 1e3:.0f} ms: "
-                   f"{update * 1e3:.0f} ms of it the driver's update of w (page-table refaults "
-                   "after moving its chunks between write trackers, ~2 µs a page on this VM), "
+                   f"{update * 1e3:.0f} ms of it the driver's update of w (an in-kernel write-protect "
+                   "fault per first-written page, ~2 µs each on this VM, as async write "
+                   "tracking needs), "
                    f"{pages:,.0f} pages fetched, the rest the stage itself (tasks mapping "
                    "their pages: one UFFDIO_CONTINUE each, and the control plane)")
         out.append(goal(f"per iteration >= {target:g}x faster than {peer}", r, target, why))
