@@ -11,8 +11,8 @@ one generated ed25519 client key for root; :meth:`Network.rate_limit` shapes a
 host's link with ``tc``; :meth:`Network.cut` takes it down (the host becomes
 unreachable, as after a switch or cable failure). :meth:`Network.close` removes it
 all, processes in the namespaces included, and checks nothing is left.
-:func:`checked` is the tests' way in: it skips or fails as
-:func:`clamor.testing.requirements.require_hosts` says, yields the network and always
+:func:`checked` is the tests' way in: it skips the test without root or namespace
+permission and fails it when a program is missing, yields the network and always
 closes it, asserting that no namespace, link or process of it is left.
 
 Needs root, ``ip`` and ``tc``; for sshd also ``ssh``, ``ssh-keygen`` and
@@ -464,13 +464,19 @@ def checked(hosts: int, workdir: str | os.PathLike, *, sshd: bool = False) -> It
     """A :class:`Network` of ``hosts`` hosts for a test, removed however the test ends.
 
     Skips the test without root or namespace permission and fails it when a program is
-    missing (:func:`~clamor.testing.requirements.require_hosts`); ``sshd``: an sshd runs on
+    missing; ``sshd``: an sshd runs on
     every host (:meth:`Network.start_sshd`). On exit the network is closed and nothing of
     it may be left: no namespace, veth or bridge, and no process in its namespaces.
     """
-    from clamor.testing.requirements import require_hosts  # imports this module
+    import pytest
 
-    require_hosts(sshd=sshd)
+    if os.geteuid() != 0:
+        pytest.skip("simulated hosts need root (network namespaces, veth pairs, tc)")
+    for tool in missing_tools(sshd):
+        pytest.fail(f"simulated hosts need {tool}: `make test` installs it", pytrace=False)
+    reason = missing_requirements(sshd)
+    if reason is not None:
+        pytest.skip(f"simulated hosts: {reason}")
     network = Network(hosts, workdir)
     try:
         if sshd:

@@ -13,10 +13,7 @@ Imports pytest when called: only tests call these.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-
-from clamor.testing import netns
 
 INSTALL = "`make test` installs it (`make test-deps`, or pip install -e '.[test]')"
 
@@ -57,15 +54,3 @@ def require_program(name: str) -> str:
     if path is None:
         _missing(f"{name!r} is not on PATH")
     return path  # type: ignore[return-value]
-
-
-def require_hosts(sshd: bool = True) -> None:
-    """Simulated hosts (:mod:`clamor.testing.netns`) can be built here: skips without root
-    or namespace permission, fails when ``ip``/``tc``/OpenSSH are missing."""
-    if os.geteuid() != 0:
-        _cannot("simulated hosts need root (network namespaces, veth pairs, tc)")
-    for tool in netns.missing_tools(sshd):
-        _missing(f"simulated hosts need {tool}")
-    reason = netns.missing_requirements(sshd)
-    if reason is not None:
-        _cannot(f"simulated hosts: {reason}")

@@ -7,7 +7,6 @@ import threading
 import time
 
 import numpy as np
-
 from clamor.testing.waiting import wait_for
 
 

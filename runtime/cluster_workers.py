@@ -1,0 +1,298 @@
+"""The workers' side of :class:`~clamor.runtime.cluster.Cluster`: registration, readiness,
+heartbeats, and how a worker is found lost (its process exited, its task stream ended,
+it stopped answering). A mixin, like ``cluster_inspection``: it works on the cluster's
+own state, under its condition variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pickle
+import threading
+import time
+import weakref
+
+import cloudpickle
+import grpc
+from clamor.runtime.errors import ClamorError, WorkerLostError
+from clamor.runtime.exitcodes import describe_exit
+from clamor.runtime.net.proto import clamor_pb2 as pb
+from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.net.transport import PROTOCOL_VERSION, connect, format_address
+from clamor.runtime.storage.partitions import decode_key
+
+logger = logging.getLogger("clamor.cluster")
+
+#: A worker whose process its launcher cannot see is lost after this long without a heartbeat.
+HEARTBEAT_TIMEOUT = 10.0
+#: How often a waiting stage checks that its workers' processes are still alive.
+POLL_INTERVAL = 0.1
+#: How long a retried Register waits for the first attempt's answer (then it is a new one).
+REGISTER_PATIENCE = 30.0
+
+
+@dataclasses.dataclass
+class Worker:
+    id: int
+    pid: int
+    host: str
+    address: str
+    channel: grpc.Channel
+    stub: pb_grpc.WorkerStub
+    local: bool  # its launcher sees the process (a local subprocess)
+    ready: bool = False
+    lost: str | None = None  # how it was lost
+    #: A thread is finding out how it ended (and may kill it): only that one marks it lost,
+    #: so the reason is the one that thread gives, not "killed by signal 9" seen meanwhile.
+    ending: bool = False
+    #: Set once the pager and the executor know it is lost (later callers wait for it).
+    lost_told: threading.Event = dataclasses.field(default_factory=threading.Event)
+    info: dict = dataclasses.field(default_factory=dict)  # its WorkerPaging.info()
+    last_heartbeat: float = dataclasses.field(default_factory=time.monotonic)
+
+
+class SchedulerServicer(pb_grpc.SchedulerServicer):
+    """The ``Scheduler`` service; holds its cluster weakly so that it can be collected."""
+
+    def __init__(self, cluster: ClusterWorkers) -> None:
+        self._cluster = weakref.ref(cluster)
+
+    def _get(self, context) -> ClusterWorkers:
+        cluster = self._cluster()
+        if cluster is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the cluster is closed")
+        return cluster
+
+    def Register(self, request, context):
+        return self._get(context)._on_register(request)
+
+    def Ready(self, request, context):
+        self._get(context)._on_ready(request.worker_id, pickle.loads(request.info))
+        return pb.ReadyReply()
+
+    def Heartbeat(self, request, context):
+        return pb.HeartbeatReply(ok=self._get(context)._on_heartbeat(request.worker_id))
+
+    def SpillPeers(self, request, context):
+        peers = self._get(context)._spill_peers(request.worker_id, request.nbytes)
+        return pb.SpillPeersReply(peers=[pb.SpillPeer(worker_id=w, address=a, free=f) for w, a, f in peers])
+
+    def FetchPartition(self, request, context):
+        cluster = self._get(context)
+        key = decode_key(request.key)
+        if key not in cluster._executor.driver_store:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"the driver holds no partition {key!r}")
+        return cluster._executor.driver_chunks(key)
+
+
+class ClusterWorkers:
+    """The worker-lifecycle half of ``Cluster`` (a mixin on the cluster's own state)."""
+
+    # --- scheduler service callbacks (gRPC threads) ---
+
+    def _on_register(self, request: pb.RegisterRequest) -> pb.RegisterReply:
+        """Give the registering process its id and configuration. A retry (its call timed
+        out on a loaded machine while the first one was being answered: same launch key,
+        same pid) gets the first answer: a new id would leave the first one registered
+        but never ready, and the cluster's start would wait for it until its timeout."""
+        key = request.launch_key
+        with self._cond:
+            entry = self._registrations.get(key) if key else None
+            retry = entry is not None and entry[0] == request.pid
+            if retry and self._cond.wait_for(lambda: entry[1] is not None, timeout=REGISTER_PATIENCE):
+                logger.info("worker %d registered again (a retry): pid %d", entry[1].worker_id, request.pid)
+                return entry[1]
+            if key:
+                entry = self._registrations[key] = [request.pid, None]
+        try:
+            reply = self._register(request)
+        except BaseException:
+            with self._cond:
+                if key and self._registrations.get(key) is entry:
+                    del self._registrations[key]
+            raise
+        if key:
+            with self._cond:
+                entry[1] = reply
+                self._cond.notify_all()
+        return reply
+
+    def _register(self, request: pb.RegisterRequest) -> pb.RegisterReply:
+        """A new registration: claim the launcher's reserved id (or the next free one)."""
+        with self._cond:
+            worker_id = self._launcher.claim(request.launch_key, request.pid)
+            local = worker_id is not None and self._launcher.observes(worker_id)
+            if worker_id is None:
+                worker_id, self._next_id = self._next_id, self._next_id + 1
+        paging = self._paging.worker_config(worker_id, request.host)
+        if "shm_zap_path" in paging:  # maps the driver's pages in place: a small page cache
+            self.budgets.zero_copy.add(worker_id)
+        budget = self.budgets.of(worker_id)
+        config = {
+            "worker_id": worker_id,
+            "protocol": PROTOCOL_VERSION,
+            "memory_budget": budget.total,
+            "zero_copy": budget.zero_copy,
+            "page_cache_bytes": budget.page_cache,
+            "spill": self.spill,
+            "spill_dir": self._spill_dir,
+            "task_stream_port": self._streams.port,
+            **paging,
+        }
+        channel = connect(request.address, self._token, tls=self._credentials.tls)
+        worker = Worker(
+            worker_id,
+            request.pid,
+            request.host,
+            request.address,
+            channel,
+            pb_grpc.WorkerStub(channel),
+            local,
+        )
+        with self._cond:
+            self._channels.append(channel)
+            self._workers[worker_id] = worker
+            self._cond.notify_all()
+        logger.info("worker %d registered: pid %d at %s", worker_id, request.pid, request.address)
+        return pb.RegisterReply(worker_id=worker_id, config=cloudpickle.dumps(config))
+
+    def _on_ready(self, worker_id: int, info: dict) -> None:
+        """``info``: what its pager announced, and the port of its bulk server (if any)."""
+        bulk_port = info.pop("bulk_port", None)
+        self._paging.worker_ready(worker_id, info)
+        worker = self._workers[worker_id]
+        bulk = format_address(worker.host, bulk_port) if bulk_port else ""
+        self._executor.worker_added(worker_id, worker.stub, worker.address, bulk)  # before it is used
+        with self._cond:
+            worker.info = info
+            worker.ready = True
+            self._cond.notify_all()
+
+    def _on_unreachable(self, worker_id: int, details: str) -> None:
+        """A call to a worker failed: find out how it ended (off the calling thread)."""
+        worker = self._workers.get(worker_id)
+        if worker is None or self._closed or not self._claim_end(worker):
+            return
+
+        threading.Thread(
+            target=lambda: self._mark_lost(worker, f"{details}; {self._how_ended(worker, True)}"),
+            name="clamor-lost",
+            daemon=True,
+        ).start()
+
+    def _how_ended(self, worker: Worker, unreachable: bool = False) -> str:
+        """:meth:`_how_lost`, or why it is not known: the claimant of a worker's end
+        (:meth:`_claim_end`) must mark it lost whatever the launcher raises."""
+        try:
+            return self._how_lost(worker, unreachable)
+        except Exception as exc:  # noqa: BLE001 - it is lost whatever the launcher says
+            return f"its end could not be found out ({type(exc).__name__}: {exc})"
+
+    def _claim_end(self, worker: Worker) -> bool:
+        """Become the one thread that finds out how ``worker`` ended and marks it lost;
+        False if it is lost already or another thread is at it."""
+        with self._cond:
+            if worker.lost is not None or worker.ending:
+                return False
+            worker.ending = True
+            return True
+
+    def _on_heartbeat(self, worker_id: int) -> bool:
+        with self._cond:
+            worker = self._workers.get(worker_id)
+            if worker is None or worker.lost is not None:
+                return False
+            worker.last_heartbeat = time.monotonic()
+            return True
+
+    def _spill_peers(self, worker_id: int, nbytes: int) -> list[tuple[int, str, int]]:
+        """R3S's placement: the other live workers with room for ``nbytes`` in their partition
+        budget (by what the driver knows they keep in memory), most free memory first."""
+        held = self._executor.ask(lambda s: s.memory_held())
+        with self._cond:
+            addresses = {w.id: w.address for w in self._workers.values() if w.lost is None}
+        free = self.budgets.free(held, exclude=worker_id, at_least=nbytes)
+        return [(w, addresses[w], room) for w, room in free if w in addresses]
+
+    # --- liveness ---
+
+    def _wait_ready(self, ids: range, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                pending = [i for i in ids if not (i in self._workers and self._workers[i].ready)]
+                if not pending:
+                    return
+                dead = [i for i in pending if self._launcher.exitcode(i) is not None]
+                if dead or time.monotonic() >= deadline:
+                    problem = [self._startup_state(i) for i in (dead or pending)]
+                    what = "failed to start" if dead else f"did not come up within {timeout:g} s"
+                    raise ClamorError(f"{len(problem)} worker(s) {what}: " + "; ".join(problem))
+                self._cond.wait(POLL_INTERVAL)
+
+    def _startup_state(self, worker_id: int) -> str:
+        code = self._launcher.exitcode(worker_id)
+        if code is not None:
+            state = describe_exit(code)
+        elif worker_id in self._workers:
+            state = "registered but not ready"
+        else:
+            state = "running but never registered"
+        return f"worker {worker_id} ({self._launcher.describe(worker_id)}) {state}"
+
+    def _process_alive(self, worker: Worker) -> bool:
+        if worker.local:
+            return self._launcher.alive(worker.id)
+        return time.monotonic() - worker.last_heartbeat < HEARTBEAT_TIMEOUT
+
+    def _how_lost(self, worker: Worker, unreachable: bool = False) -> str:
+        """Describe a lost worker's end; a local worker that still runs is killed first. An
+        ``unreachable`` remote one (its task stream ended) gets 2 s to tell its exit status."""
+        if not worker.local:
+            silent = time.monotonic() - worker.last_heartbeat
+            how = "" if unreachable else f"no heartbeat for {silent:.1f} s; "
+            code = self._launcher.wait(worker.id, 2.0) if unreachable else self._launcher.exitcode(worker.id)
+            where = self._launcher.describe(worker.id)
+            return f"{how}{where}" + ("" if code is None else f" {describe_exit(code)}")
+        code = self._launcher.wait(worker.id, 2.0)
+        if code is None:  # unreachable but running: it cannot be trusted any more
+            code = self._launcher.kill(worker.id)
+            return f"unreachable (no reply); killed: {describe_exit(code)}"
+        return f"pid {worker.pid} {describe_exit(code)}"
+
+    def _mark_lost(self, worker: Worker, how: str) -> WorkerLostError:
+        with self._cond:
+            first = worker.lost is None
+            if first:
+                worker.lost = how
+        error = WorkerLostError(worker.id, worker.lost)
+        if first:
+            logger.warning("worker %d lost: %s", worker.id, how)
+            try:
+                self._paging.worker_lost(worker.id)
+                self._executor.worker_lost(worker.id, error)
+            finally:
+                worker.lost_told.set()
+        else:  # e.g. kill_worker racing a failed call: return only once the loss is known
+            worker.lost_told.wait(10.0)
+        return error
+
+    def _refresh(self) -> None:
+        """Mark local workers whose process has exited as lost (not while closing: they exit)."""
+        if self._closed:
+            return
+        with self._cond:
+            candidates = [w for w in self._workers.values()
+                          if w.lost is None and w.ready and not w.ending]  # fmt: skip
+        for worker in candidates:
+            if not self._process_alive(worker) and self._claim_end(worker):
+                self._mark_lost(worker, self._how_ended(worker))
+
+    def _live_worker(self, worker_id: int) -> Worker:
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.ready:
+            raise ValueError(f"no worker {worker_id} (workers: {self.workers})")
+        if worker.lost is not None:
+            raise WorkerLostError(worker_id, worker.lost)
+        return worker
