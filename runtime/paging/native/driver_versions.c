@@ -171,11 +171,14 @@ static void on_write_fault(uint64_t p) {
     pthread_mutex_unlock(m);
 }
 
-/* A touch of a parked chunk (a MISSING or MINOR fault; stage lock held). Where no old
- * version is needed, the chunk is unparked whole. Else only this page is mapped into
- * it (UFFDIO_CONTINUE), write-protected unless this first write unprotects it. */
-static void on_parked_fault(uint64_t p, int write) {
-    struct uffdio_range page = {(uint64_t)(uintptr_t)(D.base + p * D.ps), D.ps};
+/* A touch of a parked chunk at `addr` (a MISSING or MINOR fault; stage lock held). Where
+ * no old version is needed, the chunk is unparked whole. Else only the touched OS page is
+ * mapped into it (UFFDIO_CONTINUE; its arena page's other OS pages fault on their own),
+ * write-protected unless this first write unprotects its arena page. */
+static void on_parked_fault(uint64_t addr, int write) {
+    const uint64_t os_page = (uint64_t)sysconf(_SC_PAGESIZE);
+    const uint64_t off = (addr & ~(os_page - 1)) - (uint64_t)(uintptr_t)D.base, p = off / D.ps;
+    struct uffdio_range page = {(uint64_t)(uintptr_t)D.base + off, os_page};
     uint64_t c = D.wt ? cl_wtrack_chunk_of(D.wt, p) : 0;
     if (!D.wt || !cl_wtrack_is_parked(D.wt, c)) { /* unparked since the fault: that woke it, or this does */
         ioctl(D.uffd, UFFDIO_WAKE, &page);
@@ -188,15 +191,16 @@ static void on_parked_fault(uint64_t p, int write) {
     }
     pthread_mutex_t *m = cl_stripe(&D.stripes, p);
     pthread_mutex_lock(m);
-    (void)*(volatile const uint8_t *)(D.view + p * D.ps); /* a page never written comes to be */
+    (void)*(volatile const uint8_t *)(D.view + off); /* an OS page never written comes to be */
     if (write) first_write(p);
     struct uffdio_continue cont = {.range = page, .mode = (D.flags[p] & FL_PROTECTED) ? UFFDIO_CONTINUE_MODE_WP : 0};
-    if (ioctl(D.uffd, UFFDIO_CONTINUE, &cont)) {
-        if (errno != EEXIST) {
-            cl_log("cannot map page %llu of a parked chunk: %s", (unsigned long long)p, strerror(errno));
-            abort(); /* the faulting thread would wait forever */
-        }
-        ioctl(D.uffd, UFFDIO_WAKE, &page); /* another fault mapped it */
+    int rc;
+    while ((rc = ioctl(D.uffd, UFFDIO_CONTINUE, &cont)) && errno == EAGAIN) /* the mappings are changing */
+        cont.mapped = 0;
+    if (rc && errno == EEXIST) ioctl(D.uffd, UFFDIO_WAKE, &page); /* another fault mapped it */
+    else if (rc) {
+        cl_log("cannot map page %llu of a parked chunk: %s", (unsigned long long)p, strerror(errno));
+        abort(); /* the faulting thread would wait forever */
     }
     ADD(parked_faults, 1);
     pthread_mutex_unlock(m);
@@ -209,7 +213,7 @@ static void on_fault(const struct uffd_msg *msg) {
     if (p >= D.npages) return;
     pthread_mutex_lock(&D.stage);
     if (msg->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP) on_write_fault(p);
-    else on_parked_fault(p, !!(msg->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE));
+    else on_parked_fault(msg->arg.pagefault.address, !!(msg->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE));
     pthread_mutex_unlock(&D.stage);
 }
 
