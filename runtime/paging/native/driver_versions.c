@@ -157,13 +157,14 @@ static void on_write_fault(uint64_t p) {
     int fresh = (D.flags[p] & FL_PROTECTED) && !(D.flags[p] & FL_DIRTY);
     pthread_mutex_unlock(m);
     if (fresh && no_version_needed() && D.wt) {
+        ADD(async_switches, 1); /* counted before the switch wakes the writer (it may read the stats) */
+        D.wrote_uncopied = 1;
         if (cl_wtrack_is_parked(D.wt, c) ? cl_wtrack_unpark(D.wt, c) == 0
                                          : cl_wtrack_to_async(D.wt, c, high_water_pages(), mark_written) == 0) {
-            D.wrote_uncopied = 1;
-            ADD(async_switches, 1);
             mark_written(p, 1);
             return;
         }
+        __atomic_fetch_sub(&D.st.async_switches, 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_lock(m);
     first_write(p);
@@ -184,16 +185,20 @@ static void on_parked_fault(uint64_t addr, int write) {
         ioctl(D.uffd, UFFDIO_WAKE, &page);
         return;
     }
-    if (no_version_needed() && cl_wtrack_unpark(D.wt, c) == 0) {
-        D.wrote_uncopied |= write; /* a read leaves the chunk async, unwritten: see retain */
-        ADD(unparks, 1);
-        return;
+    if (no_version_needed()) {
+        ADD(unparks, 1); /* counted before the unpark wakes the faulting thread (it may read the stats) */
+        if (cl_wtrack_unpark(D.wt, c) == 0) {
+            D.wrote_uncopied |= write; /* a read leaves the chunk async, unwritten: see retain */
+            return;
+        }
+        __atomic_fetch_sub(&D.st.unparks, 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_t *m = cl_stripe(&D.stripes, p);
     pthread_mutex_lock(m);
     (void)*(volatile const uint8_t *)(D.view + off); /* an OS page never written comes to be */
     if (write) first_write(p);
     struct uffdio_continue cont = {.range = page, .mode = (D.flags[p] & FL_PROTECTED) ? UFFDIO_CONTINUE_MODE_WP : 0};
+    ADD(parked_faults, 1); /* before the mapping wakes the faulting thread */
     int rc;
     while ((rc = ioctl(D.uffd, UFFDIO_CONTINUE, &cont)) && errno == EAGAIN) /* the mappings are changing */
         cont.mapped = 0;
@@ -202,7 +207,6 @@ static void on_parked_fault(uint64_t addr, int write) {
         cl_log("cannot map page %llu of a parked chunk: %s", (unsigned long long)p, strerror(errno));
         abort(); /* the faulting thread would wait forever */
     }
-    ADD(parked_faults, 1);
     pthread_mutex_unlock(m);
 }
 
