@@ -66,18 +66,11 @@ static int wp_ioctl(int uffd, uint8_t *addr, uint64_t len, unsigned long req) {
     return ioctl(uffd, UFFDIO_UNREGISTER, &r);
 }
 
-static int64_t scan_flags(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t flags, uint64_t category, uint64_t first,
-                      cl_wt_mark mark);
-
 /* Marks the pages of [start, end) (of a mapping whose first page is arena page
- * `first`) that are in `category`: how many, or -1 if the scan failed. */
-static int64_t scan(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t category, uint64_t first, cl_wt_mark mark) {
-    return scan_flags(t, start, end, 0, category, first, mark);
-}
-
-/* scan with PAGEMAP_SCAN flags (PM_SCAN_WP_MATCHING: write-protect what it finds). */
+ * `first`) that are in `category`: how many, or -1 if the scan failed. `flags`:
+ * PAGEMAP_SCAN's (PM_SCAN_WP_MATCHING: write-protect what it finds). */
 static int64_t scan_flags(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t flags, uint64_t category, uint64_t first,
-                      cl_wt_mark mark) {
+                          cl_wt_mark mark) {
     struct page_region vec[256];
     struct pm_scan_arg a = {
         .size = sizeof a, .flags = flags, .start = (uint64_t)(uintptr_t)start, .end = (uint64_t)(uintptr_t)end,
@@ -99,6 +92,10 @@ static int64_t scan_flags(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t f
         a.start = a.walk_end;
     }
     return found;
+}
+
+static int64_t scan(cl_wtrack *t, uint8_t *start, uint8_t *end, uint64_t category, uint64_t first, cl_wt_mark mark) {
+    return scan_flags(t, start, end, 0, category, first, mark);
 }
 
 /* Reads (and drops) the async userfaultfd's messages: the mremap of a chunk that it
@@ -205,11 +202,11 @@ static int move_aside(cl_wtrack *t, uint8_t *a, uint64_t len) {
     return r == MAP_FAILED ? -1 : 0;
 }
 
-/* Drops what the scratch area holds (the moved page tables), keeping the address space. */
-static void clear_scratch(cl_wtrack *t) {
-    void *r = mmap(t->scratch, t->chunk_pages * t->ps, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    if (r == MAP_FAILED) cl_log("async write tracking: cannot reset the scratch area: %s", strerror(errno));
+/* Gives [at, at + len) of a reserved area (the scratch area, a parking slot) its
+ * empty, reserved address space back: what was moved there is dropped. */
+static void clear_reserved(uint8_t *at, uint64_t len) {
+    void *r = mmap(at, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (r == MAP_FAILED) cl_log("async write tracking: cannot reset a reserved area: %s", strerror(errno));
 }
 
 /* Registers [a, a + len) with `uffd` and write-protects its first hwlen bytes. If
@@ -240,7 +237,7 @@ int cl_wtrack_to_async(cl_wtrack *t, uint64_t c, uint64_t hw, cl_wt_mark mark) {
     wake_sync(t, a, len);
     int rc = take_over(t, t->async_fd, a, len, hwlen);
     if (scan(t, a, a + len, PAGE_IS_PRESENT, first, mark) < 0) mark(first, len / t->ps);
-    clear_scratch(t);
+    clear_reserved(t->scratch, t->chunk_pages * t->ps);
     if (rc == 0) t->state[c] = WT_ASYNC;
     else mark(first, len / t->ps); /* written while unprotected, for all we know */
     return rc;
@@ -259,14 +256,16 @@ void cl_wtrack_to_sync(cl_wtrack *t, uint64_t c, uint64_t hw, cl_wt_mark mark) {
     wp_ioctl(t->async_fd, a, len, UFFDIO_UNREGISTER);
     if (take_over(t, t->sync_fd, a, len, hwlen)) mark(first, len / t->ps);
     if (scan(t, a, a + len, PAGE_IS_PRESENT, first, mark) < 0) mark(first, len / t->ps);
-    clear_scratch(t);
+    clear_reserved(t->scratch, t->chunk_pages * t->ps);
     t->state[c] = WT_SYNC;
 }
 
-/* Gives the parking slot its reserved, empty address space back. */
-static void clear_slot(cl_wtrack *t, uint8_t *slot, uint64_t len) {
-    void *r = mmap(slot, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    if (r == MAP_FAILED) cl_log("async write tracking: cannot reset a parking slot: %s", strerror(errno));
+/* Moves a parked chunk's page tables from its slot back to [a, a + len), replacing what
+ * is there, and frees the slot's address space for the next parking. -1: mremap failed. */
+static int move_back(uint8_t *slot, uint8_t *a, uint64_t len) {
+    if (mremap(slot, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, a) == MAP_FAILED) return -1;
+    clear_reserved(slot, len);
+    return 0;
 }
 
 int cl_wtrack_park(cl_wtrack *t, uint64_t c, cl_wt_mark mark) {
@@ -282,8 +281,7 @@ int cl_wtrack_park(cl_wtrack *t, uint64_t c, cl_wt_mark mark) {
      * list the pages written and write-protect them again, for when the chunk is back. */
     if (scan_flags(t, slot, slot + len, PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC, PAGE_IS_WRITTEN, first, mark) < 0) {
         cl_log("async write tracking: cannot rearm a parked chunk (%s); back to traps", strerror(errno));
-        if (mremap(slot, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, a) == MAP_FAILED) abort();
-        clear_slot(t, slot, len);
+        if (move_back(slot, a, len)) abort(); /* the chunk would stay empty and untracked */
         return -1;
     }
     wp_ioctl(t->async_fd, a, len, UFFDIO_UNREGISTER);
@@ -292,8 +290,7 @@ int cl_wtrack_park(cl_wtrack *t, uint64_t c, cl_wt_mark mark) {
                                         | UFFDIO_REGISTER_MODE_WP};
     if (ioctl(t->sync_fd, UFFDIO_REGISTER, &r)) {
         cl_log("async write tracking: cannot register a parked chunk (%s); back to traps", strerror(errno));
-        if (mremap(slot, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, a) == MAP_FAILED) abort();
-        clear_slot(t, slot, len);
+        if (move_back(slot, a, len)) abort(); /* the chunk would stay empty and untracked */
         mark(first, len / t->ps); /* untracked for a moment */
         return -1;
     }
@@ -317,11 +314,10 @@ int cl_wtrack_unpark(cl_wtrack *t, uint64_t c) {
     uint8_t *slot = t->parking + first * t->ps;
     /* Replaces the empty chunk (and its sync registration) in one step: a thread sees
      * either the parked chunk, and traps, or the async one. */
-    if (mremap(slot, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, a) == MAP_FAILED) {
+    if (move_back(slot, a, len)) {
         cl_log("async write tracking: cannot unpark a chunk: %s", strerror(errno));
         return -1;
     }
-    clear_slot(t, slot, len);
     t->state[c] = WT_ASYNC;
     wake_sync(t, a, len);
     return 0;
