@@ -146,7 +146,8 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
     arena pager (tests use the no-op one). ``timeout``: seconds to wait for all workers to be
     ready. ``log_dir``: where worker logs go (default: the driver's stdout/stderr).
     Stragglers (DESIGN 6): with ``speculation``, a task running longer than
-    ``speculation_factor`` times its stage's median gets a copy on an idle worker;
+    ``speculation_factor`` times its stage's median (and its usual wait for a busy
+    worker's report) gets a copy on an idle worker;
     the first result wins. A lost worker's running tasks are rerun elsewhere.
     Memory (DESIGN 5, R3S): ``worker_memory`` is each worker's budget (``"4GiB"``, bytes,
     or ``{worker id: size}``; default: a fair share of this host's memory among the

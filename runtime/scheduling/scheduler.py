@@ -269,12 +269,18 @@ class SchedulerState:
         threshold is not slow any more.
         """
         self._now = now
+        state = self._workers.get(worker)
+        silence = None  # since the driver last heard from the worker, if this was its head
+        if state is not None and state.head == result.attempt and state.since is not None and now is not None:
+            silence = now - state.since
         attempt = self._forget(worker, result.attempt) or self._late(worker, result.attempt)
         if attempt is None:
             stale = [k for k in result.outputs if self.holder(k) not in (None, worker)]
             return [Drop(worker, tuple(stale))] if stale and worker in self._workers else []
         stage = self._stages[attempt.stage]
         state = self._workers[worker]
+        if silence:  # the first report of a message (the others came with it: 0)
+            bisect.insort(stage.silences, silence)
         marked = None if state.slow is None else self._stages[state.slow]  # see ``_end``
         if marked is not None and result.duration <= self.policy.threshold(marked.durations):
             state.slow = None
@@ -539,7 +545,7 @@ class SchedulerState:
         """``(worker, head attempt)`` of the stragglers, longest running first (of stages
         with a baseline; ``pending=False``: of stages ready to speculate)."""
         thresholds = {
-            st.id: self.policy.threshold(st.durations)
+            st.id: self.policy.threshold(st.durations, st.silences)
             for st in self._stages.values()
             if self.policy.baseline(len(st.specs), len(st.results)) and (pending or not st.pending)
         }

@@ -131,6 +131,26 @@ def test_no_speculation_below_speculation_min():
     assert indices(launched(state.tick(0.051))[1]) == [0]
 
 
+def test_the_usual_wait_for_a_busy_workers_report_raises_the_threshold():
+    # 1 ms tasks, reported two to a message every 50 ms (workers outnumber cores: each
+    # is off the CPU for most of the time). A silence of 90 ms is usual noise, not a
+    # straggler; one of 2 x the 90th percentile of such waits is.
+    state = cluster(0, 1, 2)
+    placed = launched(state.stage_submitted(1, tasks(36), now=0.0))
+    for batch in range(6):
+        now = 0.05 * (batch + 1)
+        for worker in (0, 1, 2):
+            if worker == 0 and batch == 5:
+                continue  # worker 0's last two attempts: its head runs from 0.25
+            for attempt in placed[worker][2 * batch : 2 * batch + 2]:
+                finish(state, attempt, now=now, duration=0.001)
+    assert state.tick(0.34) == []  # running 90 ms: over 2 x median 1 ms and 50 ms
+    out = state.tick(0.3501)  # worker 0 is slow: its queued attempt is taken back, the
+    # running one copied
+    assert of(out, Cancel) == [Cancel(0, (placed[0][11].id,))]
+    assert sorted(a.index for a in sum(launched(out).values(), [])) == [30, 33]
+
+
 def test_no_speculation_when_disabled():
     state = SchedulerState(speculation=False)
     for worker in range(3):
