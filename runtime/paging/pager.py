@@ -179,6 +179,13 @@ class DriverPager:
         kept no copy of what it replaced (that epoch's versions are gone)."""
         return lib.clamor_driver_retain(max(0, min(int(epoch), 2**32 - 1))) == 0
 
+    def version_log_bytes(self) -> int:
+        if self._final_stats is not None:
+            return self._final_stats["version_log_bytes"]
+        out = ffi.new("clamor_driver_stats *")
+        lib.clamor_driver_get_stats(out)
+        return int(out.version_log_bytes)
+
     def stats(self) -> dict:
         """The counters; after :meth:`close`, their last values."""
         if self._final_stats is not None:

@@ -95,6 +95,10 @@ class DriverPaging(Protocol):
         """Counters merged into ``Cluster.stats()``."""
         ...
 
+    def version_log_bytes(self) -> int:
+        """``stats()["version_log_bytes"]`` alone (asked at every stage start)."""
+        ...
+
     def page_stats(self, first: int = 0, count: int | None = None) -> dict:
         """Per-page counter arrays for pages ``[first, first + count)`` (the views' heatmap)."""
         ...
@@ -160,6 +164,9 @@ class NullDriverPaging:
 
     def stats(self) -> dict:
         return {}
+
+    def version_log_bytes(self) -> int:
+        return 0
 
     def page_stats(self, first: int = 0, count: int | None = None) -> dict:
         """No arena: no pages (empty arrays of the pager's dtypes)."""

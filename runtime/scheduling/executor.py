@@ -458,7 +458,7 @@ class Executor:
         ones finish on their own); an ``Invalidate`` runs on each worker's task thread
         between attempts, so once every worker has answered one, none is left.
         """
-        if not self._paging.stats().get("version_log_bytes"):
+        if not self._paging.version_log_bytes():
             return  # nothing to free: spare the walk over lineage
         floor = min(epoch, self._version_floor(epoch))
         if floor <= self._trimmed_floor:

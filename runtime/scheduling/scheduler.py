@@ -621,7 +621,7 @@ class SchedulerState:
 
     def _place(self, out: list[Instruction]) -> None:
         """Batch pending tasks for the workers with room, stage by stage in FIFO order."""
-        placing = True
+        placing = any(stage.pending for stage in self._stages.values())  # else: nothing to do
         while placing and self._workers:
             placing = False
             limit = self.limit

@@ -581,6 +581,9 @@ class RecordingDriverPaging:
     def stats(self):
         return {"page_size": 4096}
 
+    def version_log_bytes(self):
+        return 0
+
     def close(self):
         self.events.append(("close",))
 
