@@ -138,6 +138,7 @@ class ClusterWorkers:
             "spill": self.spill,
             "spill_dir": self._spill_dir,
             "task_stream_port": self._streams.port,
+            "task_stream_unix": self._streams.unix_name,
             **paging,
         }
         channel = connect(request.address, self._token, tls=self._credentials.tls)

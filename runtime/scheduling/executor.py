@@ -221,10 +221,11 @@ class Executor:
         if not self._closed:
             self._unreachable(worker, why)
 
-    def stream_counters(self) -> dict[int, dict[str, int]]:
+    def stream_counters(self) -> dict[int, dict[str, int | str]]:
         """Per worker, its task stream's ``sent_messages`` (with ``sent_attempts`` launched in
-        them) and ``received_messages`` (with ``received_reports``)."""
-        names = ("sent_messages", "sent_attempts", "received_messages", "received_reports")
+        them), ``received_messages`` (with ``received_reports``) and ``transport``
+        (``"unix"``: same host, ``"tcp"``)."""
+        names = ("sent_messages", "sent_attempts", "received_messages", "received_reports", "transport")
         return {w: {n: getattr(e.link, n) for n in names} for w, e in list(self._endpoints.items())}
 
     def task_finished(

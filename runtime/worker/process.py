@@ -7,8 +7,9 @@ It serves the ``Worker`` gRPC service on ``H:0``, registers with the driver's
 ``Scheduler`` at ``HOST:PORT``, builds its paging object from the config it gets
 back (``config["paging_factory"]``, a ``"module:callable"`` called as
 ``factory(worker_id, config)``; :class:`NullWorkerPaging` if absent), reports
-Ready, then opens its task stream (runtime/net/task_stream.py: a TCP connection to
-the driver's port ``config["task_stream_port"]``) and runs the attempts that come down
+Ready, then opens its task stream (runtime/net/task_stream.py: a connection to the
+driver's Unix socket ``config["task_stream_unix"]`` where it shares the driver's network
+namespace, else TCP to its port ``config["task_stream_port"]``) and runs the attempts that come down
 it, one at a time, until told to shut down. The stream's end is the worker's: it exits
 saying why (the driver closed it or gave up on this worker: ``EXIT_OK`` /
 ``EXIT_DRIVER_REFUSED``; a broken connection, e.g. a cut link over which no ping came
@@ -228,13 +229,13 @@ def _watchdog(scheduler, worker_id: int, parent_pid: int | None) -> None:
 
 
 def _serve_stream(
-    address: str, credentials: Credentials, worker_id: int, executor: WorkerExecutor,
-    shutdown: threading.Event,
+    address: str, unix_name: str, credentials: Credentials, worker_id: int,
+    executor: WorkerExecutor, shutdown: threading.Event,
 ) -> None:  # fmt: skip
-    """Serve the task stream at ``address``; when it ends (and no shutdown is under way),
-    exit saying why."""
+    """Serve the task stream (at the driver's Unix socket ``unix_name`` if this host has
+    it, else ``address``); when it ends (and no shutdown is under way), exit saying why."""
     code, why = run_worker_stream(address, credentials.token.encode(), credentials.tls, worker_id,
-                                  executor.apply, executor.report_to)  # fmt: skip
+                                  executor.apply, executor.report_to, unix_name)  # fmt: skip
     if shutdown.is_set():
         return  # the main thread exits
     if code == grpc.StatusCode.OK:
@@ -373,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     stream_address = format_address(driver_host, int(config["task_stream_port"]))
     threading.Thread(
         target=_serve_stream,
-        args=(stream_address, credentials, worker_id, executor, servicer.shutdown_requested),
+        args=(stream_address, config.get("task_stream_unix", ""), credentials, worker_id, executor,
+              servicer.shutdown_requested),
         name="clamor-stream",
         daemon=True,
     ).start()

@@ -1,5 +1,6 @@
-"""The task stream (runtime/net/task_stream.py): one TCP connection per worker carries its
-launches, cancels and drops down and its results up.
+"""The task stream (runtime/net/task_stream.py): one connection per worker (a Unix socket
+on the driver's host, TCP from elsewhere) carries its launches, cancels and drops down
+and its results up.
 
 On a socket pair: the driver's items arrive in issue order, small ones written at once
 and a large one through the writer thread; a closed link tells the worker why; silence
@@ -168,6 +169,7 @@ def test_many_tiny_tasks_come_back_in_order_several_per_message(cluster):
     assert cluster.execute(StageSpec(index_of, [TaskSpec(i) for i in range(n)])) == list(range(n))
     streams = cluster.stats()["task_streams"]
     assert sorted(streams) == [0, 1]
+    assert {s["transport"] for s in streams.values()} == {"unix"}  # same host: no TCP stack
     sent = sum(s["sent_messages"] for s in streams.values())
     attempts = sum(s["sent_attempts"] for s in streams.values())
     received = sum(s["received_messages"] for s in streams.values())
@@ -308,6 +310,9 @@ def test_a_cut_link_ends_the_stream_and_the_worker_is_lost(net):
     with Cluster(2, launcher=launcher, host=net.driver_address, paging=NullDriverPaging(),
                  speculation=False, timeout=60) as cluster:  # fmt: skip
         assert cluster.workers == [0, 1]
+        transports = lambda: {s["transport"] for s in cluster.stats()["task_streams"].values()}  # noqa: E731
+        wait_for(lambda: "" not in transports())  # both streams open
+        assert transports() == {"tcp"}  # another network namespace: the driver's Unix socket is not there
         threading.Timer(0.5, net.cut, (launcher.host_of(0),)).start()
         start = time.monotonic()
         n = 200  # 4 s of work on one worker
