@@ -39,7 +39,7 @@ from clamor.runtime.launchers.local import Launcher, LocalLauncher
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import CallTable, pack_task
-from clamor.runtime.net.task_stream import TaskStreamServer
+from clamor.runtime.net.stream_server import TaskStreamServer
 from clamor.runtime.net.transport import (
     Server,
     create_server,

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
 import select
 import socket
 import ssl
@@ -51,8 +50,6 @@ from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.transport import (
     MAX_MESSAGE_BYTES,
     prove_token_client,
-    prove_token_server,
-    recv_exact,
     split_address,
 )
 from clamor.runtime.paging.page_client import tls_context
@@ -71,7 +68,7 @@ INLINE_BYTES = 64 << 10
 HANDSHAKE_TIMEOUT = 10.0
 
 MESSAGE, PING, PONG, END = range(4)
-_HEADER = struct.Struct("<IB")
+HEADER = struct.Struct("<IB")
 
 #: ``on_results(worker, reports, moved)``: a WorkerMessage's content.
 OnResults = Callable[[int, Iterable[pb.TaskReport], Iterable[pb.PartitionMove]], None]
@@ -85,7 +82,7 @@ class LinkTimeout(ConnectionError):
 
 def frame(kind: int, body: bytes = b"") -> bytes:
     """One frame as the wire carries it."""
-    return _HEADER.pack(len(body), kind) + body
+    return HEADER.pack(len(body), kind) + body
 
 
 def end_frame(code: grpc.StatusCode, why: str) -> bytes:
@@ -100,13 +97,14 @@ def parse_end(body: bytes) -> tuple[grpc.StatusCode, str]:
 
 class Connection:
     """A connected task-stream socket: whole frames out (:meth:`send`, thread-safe) and in
-    (:meth:`frames`, on one reader thread)."""
+    (:meth:`frames` on a thread of its own, or :meth:`read_ready` from a poller)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._lock = threading.Lock()
         self._poll = select.poll()  # not select(): a driver of many workers has fds past 1024
         self._poll.register(sock, select.POLLIN)
+        self._buf = bytearray()  # what came in after the last whole frame
         self.last_heard = time.monotonic()
 
     def send(self, data: bytes, wait: bool = True) -> bool:
@@ -124,28 +122,47 @@ class Connection:
         """``(kind, body)`` as they arrive, until the other end closes the connection (or
         ``OSError``: a reset, :class:`LinkTimeout`). ``tick`` runs at least every
         :data:`PING_INTERVAL` s."""
-        buf = bytearray()
         while True:
             tick()
             pending = isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()
             if not pending and not self._poll.poll(PING_INTERVAL * 1000):
-                if time.monotonic() - self.last_heard > LINK_TIMEOUT:
-                    raise LinkTimeout(f"nothing heard for {LINK_TIMEOUT:.0f} s")
+                self.check_heard()
                 continue
             data = self.sock.recv(1 << 20)
             if not data:
                 return
-            self.last_heard = time.monotonic()
-            buf += data
-            while len(buf) >= _HEADER.size:
-                size, kind = _HEADER.unpack_from(buf)
-                if size > MAX_MESSAGE_BYTES:
-                    raise ConnectionError(f"a frame of {size} bytes: not the task-stream protocol")
-                if len(buf) < _HEADER.size + size:
-                    break
-                body = bytes(buf[_HEADER.size : _HEADER.size + size])
-                del buf[: _HEADER.size + size]
-                yield kind, body
+            yield from self._parse(data)
+
+    def read_ready(self) -> list[tuple[int, bytes]] | None:
+        """The frames that what the socket holds now completes, read without blocking
+        (a plain socket: TLS records need :meth:`frames`); ``None`` once the other end
+        closed the connection."""
+        try:
+            data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return []
+        return self._parse(data) if data else None
+
+    def check_heard(self) -> None:
+        """:class:`LinkTimeout` if nothing came for :data:`LINK_TIMEOUT` s."""
+        if time.monotonic() - self.last_heard > LINK_TIMEOUT:
+            raise LinkTimeout(f"nothing heard for {LINK_TIMEOUT:.0f} s")
+
+    def _parse(self, data: bytes) -> list[tuple[int, bytes]]:
+        """``data`` appended; the whole frames now in, taken out of the buffer."""
+        self.last_heard = time.monotonic()
+        buf, at, out = self._buf, 0, []
+        buf += data
+        while len(buf) - at >= HEADER.size:
+            size, kind = HEADER.unpack_from(buf, at)
+            if size > MAX_MESSAGE_BYTES:
+                raise ConnectionError(f"a frame of {size} bytes: not the task-stream protocol")
+            if len(buf) - at - HEADER.size < size:
+                break
+            out.append((kind, bytes(buf[at + HEADER.size : at + HEADER.size + size])))
+            at += HEADER.size + size
+        del buf[:at]
+        return out
 
     def close(self) -> None:
         """Shut the socket down (wakes a thread blocked on it) and close it."""
@@ -170,8 +187,10 @@ class DriverLink:
         self._writing = False  # a thread is writing: later items join the backlog
         self._closed = False
         self._last_ping = time.monotonic()
-        #: The threads that read the worker's results and write the backlog (once it connected).
+        #: The threads that read the worker's results (``None``: the server's poller reads
+        #: it) and write the backlog, once it connected.
         self.reader: threading.Thread | None = None
+        self._detach: Callable[[], None] = lambda: None  # the poller lets go of the socket
         self.writer: threading.Thread | None = None
         #: Counters (read from any thread): messages each way, attempts sent, reports received.
         self.sent_messages = self.sent_attempts = self.received_messages = self.received_reports = 0
@@ -253,20 +272,21 @@ class DriverLink:
             if idle:
                 with contextlib.suppress(OSError):
                     conn.send(end_frame(code, why), wait=False)
+            self._detach()
             conn.close()
         return True
 
     # --- the reader's side ---
 
-    def _attach(self, conn: Connection) -> bool:
-        """The worker connected: start writing. False if it had connected already or the
-        link is closed."""
+    def _attach(self, conn: Connection, reader: threading.Thread | None = None) -> bool:
+        """The worker connected (its results read by ``reader``, or by a poller): start
+        writing. False if it had connected already or the link is closed."""
         with self._cond:
             if self._conn is not None or self._closed:
                 return False
             self._conn = conn
             self.transport = "unix" if conn.sock.family == socket.AF_UNIX else "tcp"
-            self.reader = threading.current_thread()
+            self.reader = reader
             self.writer = threading.Thread(target=self._writer, args=(conn,),
                                            name=f"clamor-stream-out-{self.worker}", daemon=True)  # fmt: skip
         self.writer.start()
@@ -279,136 +299,52 @@ class DriverLink:
             with contextlib.suppress(OSError):
                 self._conn.send(frame(PING), wait=False)  # a write under way shows life too
 
+    def _frame(self, kind: int, body: bytes, on_results: OnResults) -> tuple[str, grpc.StatusCode] | None:
+        """Handle one frame from the worker: results to ``on_results``; why the stream
+        ends, if it does (an ``END``, a message that does not decode)."""
+        if kind == END:
+            return "its task stream ended: the worker said {1} ({0.name})".format(*parse_end(body)), grpc.StatusCode.OK
+        if kind != MESSAGE:
+            return None
+        try:
+            message = pb.WorkerMessage.FromString(body)
+        except DecodeError as exc:
+            why = f"worker {self.worker} sent a task-stream message that does not decode ({exc})"
+            return why, grpc.StatusCode.INVALID_ARGUMENT
+        self.received_messages += 1
+        self.received_reports += len(message.reports)
+        if message.reports or message.moved:
+            on_results(self.worker, message.reports, message.moved)
+        return None
+
     def _read(self, conn: Connection, on_results: OnResults, on_end: OnEnd) -> None:
-        """Results to ``on_results`` until the stream ends; then, unless the driver
-        closed it, ``on_end`` with why."""
-        why, code = "its task stream ended (connection closed)", grpc.StatusCode.OK
+        """Results to ``on_results`` until the stream ends (this thread reads it); then,
+        unless the driver closed it, ``on_end`` with why."""
+        ended = None
         try:
             for kind, body in conn.frames(self._ping):
-                if kind == END:
-                    why = "its task stream ended: the worker said {1} ({0.name})".format(*parse_end(body))
+                if (ended := self._frame(kind, body, on_results)) is not None:
                     break
-                if kind != MESSAGE:
-                    continue
-                try:
-                    message = pb.WorkerMessage.FromString(body)
-                except DecodeError as exc:
-                    why = f"worker {self.worker} sent a task-stream message that does not decode ({exc})"
-                    code = grpc.StatusCode.INVALID_ARGUMENT
-                    break
-                self.received_messages += 1
-                self.received_reports += len(message.reports)
-                if message.reports or message.moved:
-                    on_results(self.worker, message.reports, message.moved)
-        except LinkTimeout as exc:
-            why = f"its task stream ended ({exc}: stopped, or its link was cut)"
-        except (OSError, ValueError) as exc:  # ValueError: the driver closed the socket meanwhile
-            why = f"its task stream ended (connection lost: {exc})"
-        except Exception as exc:  # noqa: BLE001 - whatever handling the results raised
-            why = f"the driver could not take worker {self.worker}'s results: {type(exc).__name__}: {exc}"
-            code = grpc.StatusCode.INTERNAL
+        except Exception as exc:  # noqa: BLE001 - see ending()
+            ended = ending(self.worker, exc)
+        self._end(conn, on_end, *(ended or ("its task stream ended (connection closed)", grpc.StatusCode.OK)))
+
+    def _end(self, conn: Connection, on_end: OnEnd, why: str, code: grpc.StatusCode) -> None:
+        """The stream ended (read side): unless the driver closed it, tell the worker and
+        ``on_end``."""
         if self._finish(why, code):
             on_end(self.worker, why)
         conn.close()
 
 
-class TaskStreamServer:
-    """The driver's listeners, on ``port`` (TCP) and on the abstract Unix socket
-    ``unix_name`` (this network namespace only; ``""``: none): a thread per connection
-    runs the handshake, attaches the worker's :class:`DriverLink` (``link_of(worker)``)
-    and then reads its results.
-
-    Refused, with the reason in an ``END`` frame: a first message that does not decode
-    (``INVALID_ARGUMENT``), a worker the driver does not have ready
-    (``FAILED_PRECONDITION``), a second stream for one worker (``ALREADY_EXISTS``). A
-    client without the token is hung up on.
-    """
-
-    def __init__(self, token: bytes, host: str, tls: TLSMaterial | None,
-                 link_of: Callable[[int], DriverLink | None], on_results: OnResults,
-                 on_end: OnEnd) -> None:  # fmt: skip
-        self._token = token
-        self._tls = tls_context(tls, server=True) if tls is not None else None
-        self._link_of, self._on_results, self._on_end = link_of, on_results, on_end
-        self._socks = [socket.create_server((host, 0))]
-        self.port: int = self._socks[0].getsockname()[1]
-        self.unix_name = f"clamor-stream-{secrets.token_hex(8)}"
-        try:
-            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            unix.bind("\0" + self.unix_name)
-            unix.listen()
-            self._socks.append(unix)
-        except OSError as exc:  # not Linux: TCP only
-            logger.info("no Unix task-stream socket (%s): local workers use TCP", exc)
-            unix.close()
-            self.unix_name = ""
-        self.refused = 0
-        self._acceptors = [threading.Thread(target=self._accept, args=(s,), name="clamor-stream-accept", daemon=True)
-                           for s in self._socks]  # fmt: skip
-        for thread in self._acceptors:
-            thread.start()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return  # shut down by close()
-            threading.Thread(target=self._serve, args=(sock,), name="clamor-stream", daemon=True).start()
-
-    def _serve(self, sock: socket.socket) -> None:
-        try:
-            conn, link = self._open(sock)
-        except (OSError, ValueError) as exc:
-            self.refused += 1
-            logger.warning("refused a task stream: %s", exc)
-            with contextlib.suppress(OSError):
-                sock.close()
-            return
-        if link is not None:
-            link._read(conn, self._on_results, self._on_end)
-
-    def _open(self, sock: socket.socket) -> tuple[Connection, DriverLink | None]:
-        """Handshake and first message; the link attached, or ``None`` (refused, told why)."""
-        if sock.family != socket.AF_UNIX:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(HANDSHAKE_TIMEOUT)
-        if self._tls is not None:
-            sock = self._tls.wrap_socket(sock, server_side=True)
-        if not prove_token_server(sock, self._token):
-            raise ConnectionError("a client without the cluster token")
-        size, kind = _HEADER.unpack(recv_exact(sock, _HEADER.size))
-        body = bytes(recv_exact(sock, min(size, 1 << 16)))
-        sock.settimeout(None)
-        conn = Connection(sock)
-        try:
-            if kind != MESSAGE or size > len(body):
-                raise DecodeError("not a message")
-            first = pb.WorkerMessage.FromString(body)
-        except DecodeError as exc:
-            refusal = (grpc.StatusCode.INVALID_ARGUMENT, f"the first task-stream message does not decode ({exc})")
-        else:
-            link = self._link_of(first.worker_id)
-            if link is None:
-                refusal = (grpc.StatusCode.FAILED_PRECONDITION, f"worker {first.worker_id} is not ready here, or was lost")
-            elif not link._attach(conn):
-                refusal = (grpc.StatusCode.ALREADY_EXISTS, f"worker {first.worker_id} has a task stream already")
-            else:
-                return conn, link
-        self.refused += 1
-        with contextlib.suppress(OSError):
-            conn.send(end_frame(*refusal))
-        conn.close()
-        return conn, None
-
-    def close(self) -> None:
-        """Stop accepting (the links' :meth:`DriverLink.close` ends the streams)."""
-        for sock in self._socks:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-        for thread in self._acceptors:
-            thread.join(5.0)
+def ending(worker: int, exc: Exception) -> tuple[str, grpc.StatusCode]:
+    """Why a worker's stream ended, from what reading it (and handling its results) raised."""
+    if isinstance(exc, LinkTimeout):
+        return f"its task stream ended ({exc}: stopped, or its link was cut)", grpc.StatusCode.OK
+    if isinstance(exc, OSError | ValueError):  # ValueError: the driver closed the socket meanwhile
+        return f"its task stream ended (connection lost: {exc})", grpc.StatusCode.OK
+    why = f"the driver could not take worker {worker}'s results: {type(exc).__name__}: {exc}"
+    return why, grpc.StatusCode.INTERNAL
 
 
 # --- the worker's end ---------------------------------------------------------------

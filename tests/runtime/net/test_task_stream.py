@@ -211,7 +211,7 @@ def test_streams_that_do_not_start_right_are_refused_by_name(cluster):
         (pb.WorkerMessage(worker_id=1).SerializeToString(), grpc.StatusCode.ALREADY_EXISTS,
          "worker 1 has a task stream already"),
     ]  # fmt: skip
-    wait_for(lambda: all(cluster._executor.link_of(w).reader for w in (0, 1)))  # both connected
+    wait_for(lambda: all(cluster._executor.link_of(w).transport for w in (0, 1)))  # both connected
     for first, code, words in cases:
         conn = raw_stream(cluster, first)
         end = received(conn, END)[-1][1]
@@ -310,7 +310,7 @@ def test_a_cut_link_ends_the_stream_and_the_worker_is_lost(net):
     with Cluster(2, launcher=launcher, host=net.driver_address, paging=NullDriverPaging(),
                  speculation=False, timeout=60) as cluster:  # fmt: skip
         assert cluster.workers == [0, 1]
-        transports = lambda: {s["transport"] for s in cluster.stats()["task_streams"].values()}  # noqa: E731
+        transports = lambda: {s["transport"] for s in cluster.stats()["task_streams"].values()}
         wait_for(lambda: "" not in transports())  # both streams open
         assert transports() == {"tcp"}  # another network namespace: the driver's Unix socket is not there
         threading.Timer(0.5, net.cut, (launcher.host_of(0),)).start()
