@@ -284,6 +284,10 @@ class DriverPager:
         return ffi.buffer(out)[:]
 
 
+_NO_PAGES, _NO_VERSIONS = np.zeros(0, np.uint64), np.zeros(0, np.uint32)
+_NO_PAGES.flags.writeable = _NO_VERSIONS.flags.writeable = False
+
+
 class WorkerPager:
     """A worker's pager: the read-only arena range, its fault handler and page server."""
 
@@ -338,6 +342,8 @@ class WorkerPager:
     def end_task(self) -> tuple[np.ndarray, np.ndarray]:
         """The task's read set: its pages (uint64, sorted) and the version read of each (uint32)."""
         n = int(lib.clamor_worker_end_task(ffi.NULL, ffi.NULL, 0))
+        if n == 0:  # a task that read no arena page (~20 µs saved on tiny tasks)
+            return _NO_PAGES, _NO_VERSIONS
         pages, versions = ffi.new("uint64_t[]", max(n, 1)), ffi.new("uint32_t[]", max(n, 1))
         n = min(n, int(lib.clamor_worker_end_task(pages, versions, n)))
         p = np.frombuffer(ffi.buffer(pages, 8 * n), dtype=np.uint64)

@@ -43,6 +43,12 @@ def sleepy(ctx):
     return ctx.index
 
 
+def past_the_link_timeout(ctx):
+    """Busy for longer than a silent stream lives; says which thread ran it."""
+    time.sleep(task_stream.LINK_TIMEOUT + 1.0)
+    return threading.current_thread().name
+
+
 def lost_reason(cluster: Cluster, worker: int) -> str:
     return next(w["lost"] for w in cluster.worker_stats() if w["id"] == worker)
 
@@ -190,6 +196,16 @@ def test_a_worker_killed_mid_stream_has_its_queued_tasks_rerun_on_the_others(clu
     assert cluster.counters()["tasks_rerun"] > before  # its queue (up to the window) ran again
     reason = lost_reason(cluster, victim)
     assert "SIGKILL" in reason, reason
+    assert cluster.execute(StageSpec(index_of, [TaskSpec(i) for i in range(4)])) == [0, 1, 2, 3]
+
+
+@pytest.mark.slow
+def test_an_attempt_that_holds_the_streams_thread_past_the_link_timeout_keeps_its_worker(cluster):
+    # An idle worker runs the attempt on the thread that reads its stream (no hand-off),
+    # which then answers no ping for 11 s: the runner thread's keep-alives carry it.
+    ran_on = cluster.execute(StageSpec(past_the_link_timeout, [TaskSpec(0, worker=0)]))
+    assert ran_on == ["clamor-stream"]
+    assert cluster.workers == [0, 1]
     assert cluster.execute(StageSpec(index_of, [TaskSpec(i) for i in range(4)])) == [0, 1, 2, 3]
 
 
