@@ -14,6 +14,7 @@ Nothing here imports UI code; nothing here does I/O. Thread-safe.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 from collections import OrderedDict, deque
@@ -167,8 +168,12 @@ class Telemetry:
             if entry is None:
                 return
             queue = self._queues.get(entry.worker, OrderedDict())
-            for earlier in [a for a in queue if a < attempt and self._open[a].cancelled]:
-                self._close(earlier, None)  # its Cancel overtook its Launch: it never ran
+            # Launched before it and still open (in launch order, at the queue's head):
+            # one whose Cancel overtook its Launch never ran.
+            earlier = list(itertools.takewhile(lambda a: a < attempt, queue))
+            for a in earlier:
+                if self._open[a].cancelled:
+                    self._close(a, None)
             status = CANCELLED if entry.cancelled else OK if ok else FAILED
             start = max(entry.launched, now - max(0.0, duration))
             self._close(attempt, entry.record(start, now, status))

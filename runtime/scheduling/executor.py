@@ -231,11 +231,13 @@ class Executor:
     def task_finished(
         self, worker: int, reports: Iterable[pb.TaskReport], moved: Iterable[pb.PartitionMove] = ()
     ) -> None:
-        """Results from a worker's task stream: decode each report into an event, then the
-        partitions the worker spilled (after the outputs those reports register); run
-        them on this thread (the stream's reader) unless events run elsewhere."""
+        """Results from a worker's task stream: decode the reports into events (the
+        successes in a row as one, refilled once), then the partitions the worker spilled
+        (after the outputs those reports register); run them on this thread (the stream's
+        reader) unless events run elsewhere."""
         now = time.monotonic()
         events: list[Event] = []
+        finished: list[TaskResult] = []  # the successes since the last event
         for report in reports:
             self.tasks_run += 1
             self.telemetry.finished(report.attempt_id, report.status == pb.OK, report.duration)
@@ -248,13 +250,18 @@ class Executor:
                         f"driver: {type(exc).__name__}: {exc}"
                     )
                     events.append(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e, now=now))
+                    finished = []  # successes after it: an event of their own, after it
                 else:
-                    events.append(lambda s, r=result: s.task_finished(worker, r, now=now))
+                    if not finished:
+                        events.append(lambda s, rs=finished: s.tasks_finished(worker, rs, now=now))
+                    finished.append(result)
+                    continue
             else:
                 error = decode_exception(
                     report.error, report.traceback, report.error_type, report.error_message
                 )
                 events.append(lambda s, a=report.attempt_id, e=error: s.task_failed(worker, a, e, now=now))
+                finished = []
         try:
             moves = {decode_key(m.key): (m.holder, m.tier, m.nbytes) for m in moved}
         except Exception:  # noqa: BLE001 - a key that does not unpickle: placement only
@@ -275,10 +282,11 @@ class Executor:
             worker=worker,
             attempt=report.attempt_id,
             value=value,
-            outputs={decode_key(o.key): o.nbytes for o in report.outputs},
+            outputs={decode_key(o.key): o.nbytes for o in report.outputs} if report.outputs else {},
             accumulator_updates=report.accumulators or {},
             read_set=tuple(zip(np.frombuffer(report.read_pages, "<u8").tolist(),
-                               np.frombuffer(report.read_versions, "<u4").tolist())),
+                               np.frombuffer(report.read_versions, "<u4").tolist()))
+                     if report.read_pages else (),
             duration=report.duration,
         )
 

@@ -268,6 +268,21 @@ class SchedulerState:
         has elsewhere are dropped there). A slow worker finishing an attempt within the
         threshold is not slow any more.
         """
+        return self.tasks_finished(worker, [result], now=now)
+
+    def tasks_finished(
+        self, worker: int, results: Iterable[TaskResult], *, now: float | None = None
+    ) -> list[Instruction]:
+        """:meth:`task_finished` for each of ``results`` (reported together, in order),
+        then one refill: placing costs O(workers), which a message of many tiny tasks'
+        results pays once."""
+        out: list[Instruction] = []
+        counted = [self._finished(worker, result, now, out) for result in results]
+        return self._refill(out) if any(counted) else out
+
+    def _finished(self, worker: int, result: TaskResult, now: float | None, out: list[Instruction]) -> bool:
+        """One result of :meth:`tasks_finished`, its instructions appended to ``out``;
+        False if it is ignored (then nothing is refilled for it)."""
         self._now = now
         state = self._workers.get(worker)
         silence = None  # since the driver last heard from the worker, if this was its head
@@ -276,7 +291,9 @@ class SchedulerState:
         attempt = self._forget(worker, result.attempt) or self._late(worker, result.attempt)
         if attempt is None:
             stale = [k for k in result.outputs if self.holder(k) not in (None, worker)]
-            return [Drop(worker, tuple(stale))] if stale and worker in self._workers else []
+            if stale and worker in self._workers:
+                out.append(Drop(worker, tuple(stale)))
+            return False
         stage = self._stages[attempt.stage]
         state = self._workers[worker]
         if silence:  # the first report of a message (the others came with it: 0)
@@ -284,18 +301,19 @@ class SchedulerState:
         marked = None if state.slow is None else self._stages[state.slow]  # see ``_end``
         if marked is not None and result.duration <= self.policy.threshold(marked.durations):
             state.slow = None
-        out: list[Instruction] = []
         if attempt.index not in stage.results:
             stage.results[attempt.index] = result
             bisect.insort(stage.durations, result.duration)
             state.tasks_done += 1
-            out += self._register(worker, result.outputs)
-            out += self._cancel(stage, stage.copies.get(attempt.index, ()))
+            if result.outputs:
+                out += self._register(worker, result.outputs)
+            if attempt.index in stage.copies:
+                out += self._cancel(stage, stage.copies[attempt.index])
             if len(stage.results) == len(stage.specs):
                 self._end(stage)
                 results = tuple(stage.results[i] for i in range(len(stage.specs)))
                 out.append(StageDone(stage.id, results))
-        return self._refill(out)
+        return True
 
     def task_failed(
         self, worker: int, attempt: int, error: BaseException, *, now: float | None = None

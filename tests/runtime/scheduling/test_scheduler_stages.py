@@ -87,6 +87,14 @@ def test_a_finished_attempt_is_refilled_on_the_same_worker():
     assert indices(refill[1]) == [6]
 
 
+def test_results_reported_together_are_refilled_in_one_launch():
+    state = cluster(0, 1, window=3)
+    placed = launched(state.stage_submitted(1, tasks(100)))
+    results = [TaskResult(a.index, 1, a.id, value=a.index) for a in placed[1][:2]]
+    out = state.tasks_finished(1, results)
+    assert [(la.worker, indices(la.attempts)) for la in of(out, Launch)] == [(1, [6, 7])]
+
+
 def test_the_limit_is_unfinished_tasks_per_worker_within_the_window():
     state = cluster(0, 1, 2, window=32)
     assert state.limit == 1  # no work: still one each
