@@ -108,7 +108,7 @@ class Telemetry:
         self._open: dict[int, _Open] = {}
         self._queues: dict[int, OrderedDict[int, None]] = {}  # worker -> open attempts, in order
         self._idle_since: dict[int, float] = {}  # worker -> end of its last attempt
-        self._done: deque[TaskRecord] = deque(maxlen=max_tasks)
+        self._done: deque[TaskRecord | tuple[_Open, float, float, str]] = deque(maxlen=max_tasks)
         self._events: deque[Event] = deque(maxlen=max_events)
         self._stages: OrderedDict[int, StageRecord] = OrderedDict()
         self._max_stages = max_stages
@@ -167,16 +167,16 @@ class Telemetry:
             entry = self._open.get(attempt)
             if entry is None:
                 return
-            queue = self._queues.get(entry.worker, OrderedDict())
-            # Launched before it and still open (in launch order, at the queue's head):
-            # one whose Cancel overtook its Launch never ran.
-            earlier = list(itertools.takewhile(lambda a: a < attempt, queue))
-            for a in earlier:
-                if self._open[a].cancelled:
-                    self._close(a, None)
+            queue = self._queues.get(entry.worker)
+            if queue and next(iter(queue)) != attempt:
+                # Launched before it and still open (the queue is in launch order): one
+                # whose Cancel overtook its Launch never ran.
+                for a in list(itertools.takewhile(lambda a: a < attempt, queue)):
+                    if self._open[a].cancelled:
+                        self._close(a, None)
             status = CANCELLED if entry.cancelled else OK if ok else FAILED
             start = max(entry.launched, now - max(0.0, duration))
-            self._close(attempt, entry.record(start, now, status))
+            self._close(attempt, (entry, start, now, status))  # a TaskRecord when read
             self.version += 1
 
     def cancelled(self, attempts: Iterable[int]) -> None:
@@ -203,7 +203,7 @@ class Telemetry:
             for i, attempt in enumerate(list(queue)):
                 entry = self._open[attempt]
                 start = max(entry.launched, self._idle_since.get(worker, entry.launched))
-                self._close(attempt, entry.record(start, now, LOST) if i == 0 else None)
+                self._close(attempt, (entry, start, now, LOST) if i == 0 else None)
             self._events.append(Event(now, "worker_lost", reason, worker=worker))
             self.version += 1
 
@@ -213,14 +213,16 @@ class Telemetry:
             self._events.append(Event(time.time() if at is None else at, kind, detail, worker, stage))
             self.version += 1
 
-    def _close(self, attempt: int, record: TaskRecord | None) -> None:
+    def _close(self, attempt: int, record: tuple[_Open, float, float, str] | None) -> None:
+        """``attempt`` is no longer open; ``record``: ``(entry, start, end, status)`` of
+        its :class:`TaskRecord` (built when read: most are never read), or ``None``."""
         entry = self._open.pop(attempt)
         queue = self._queues.get(entry.worker)
         if queue is not None:
             was_head = next(iter(queue), None) == attempt
             queue.pop(attempt, None)
             if was_head and record is not None:
-                self._idle_since[entry.worker] = record.end or time.time()
+                self._idle_since[entry.worker] = record[2]
         if record is not None:
             self._done.append(record)
 
@@ -236,7 +238,9 @@ class Telemetry:
         """Finished attempts (oldest first), then the running head of each worker's queue."""
         now = time.time()
         with self._lock:
-            out = list(self._done)
+            out = [r if isinstance(r, TaskRecord) else r[0].record(*r[1:]) for r in self._done]
+            self._done.clear()  # built once: kept as records
+            self._done.extend(out)
             for worker, queue in self._queues.items():
                 head = next(iter(queue), None)
                 if head is not None:
