@@ -132,8 +132,22 @@ def pack_task(
     return check_payload_size(data, f"the task {name} with its arguments")
 
 
+#: The last program packed: ``(program, min_ref_bytes, inputs, data)`` (see :func:`_inputs`).
+_last_program: tuple | None = None
+
+
 def pack_program(program: object, min_ref_bytes: int | None = None) -> bytes:
-    """``dumps(program)`` for a stage, or a :class:`SerializationError` naming the culprit."""
+    """``dumps(program)`` for a stage, or a :class:`SerializationError` naming the culprit.
+
+    The same plain function packed again, with the very same immutable inputs, gives
+    the bytes of last time (an iterative loop runs one stage program many times:
+    pickling it cost ~50-90 µs of a 1 ms stage on a 2-core VM)."""
+    global _last_program
+    inputs = _inputs(program)
+    last = _last_program
+    if (inputs is not None and last is not None and last[0] is program and last[1] == min_ref_bytes
+            and len(last[2]) == len(inputs) and all(a is b for a, b in zip(last[2], inputs))):  # fmt: skip
+        return last[3]
     try:
         data = dumps(program, min_ref_bytes)
     except Exception as exc:
@@ -143,7 +157,49 @@ def pack_program(program: object, min_ref_bytes: int | None = None) -> bytes:
             f"cannot ship {name} to the workers: {culprit or 'the stage'} cannot be pickled "
             f"({type(exc).__name__}: {exc})"
         ) from exc
-    return check_payload_size(data, "the stage's program")
+    data = check_payload_size(data, "the stage's program")
+    if inputs is not None:
+        _last_program = (program, min_ref_bytes, inputs, data)  # holds them: no id is reused
+    return data
+
+
+_FROZEN = (int, float, complex, str, bytes, bool, type(None), range, types.ModuleType,
+           types.BuiltinFunctionType, types.CodeType)  # fmt: skip
+
+
+def _frozen(value: object) -> bool:
+    """Whether ``value`` pickles the same for as long as it lives (immutable all through)."""
+    if isinstance(value, _FROZEN):
+        return True
+    return type(value) in (tuple, frozenset) and all(_frozen(v) for v in value)
+
+
+def _inputs(program: object) -> tuple | None:
+    """Everything the pickle of ``program`` depends on, if it is a plain function whose
+    inputs are all immutable (code, names, defaults, closure cells, the globals its code
+    names): the same objects then pickle to the same bytes. ``None`` otherwise (a
+    mutable global such as a list or an array, a helper function, an attribute set on
+    it ...): it is pickled every time."""
+    if type(program) is not types.FunctionType or program.__dict__ or program.__annotations__:
+        return None
+    f: types.FunctionType = program
+    values: list[object] = [f.__code__, f.__name__, f.__qualname__, f.__module__, f.__doc__,
+                            f.__defaults__]  # fmt: skip
+    for name, value in sorted((f.__kwdefaults__ or {}).items()):  # flat: the same objects
+        values += (name, value)
+    try:
+        values += [cell.cell_contents for cell in f.__closure__ or ()]
+    except ValueError:  # an empty cell
+        return None
+    names, codes = set(), [f.__code__]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    for name in sorted(names):  # the names are the code's own (interned) strings
+        if name in f.__globals__:
+            values += (name, f.__globals__[name])
+    return tuple(values) if all(_frozen(v) for v in values) else None
 
 
 class CallTable:

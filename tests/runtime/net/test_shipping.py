@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from clamor.demo import geodata
@@ -42,6 +44,29 @@ def test_functions_by_value_keep_the_file_their_code_came_from():
     with pytest.raises(ZeroDivisionError) as info:
         back(0)
     assert info.traceback[-1].frame.code.raw.co_filename == "<ipython-input-7>"
+
+
+def cell(source: str) -> dict:
+    """The namespace of a notebook cell that ran ``source`` (its functions pickle by value)."""
+    scope: dict = {"__name__": "__main__"}
+    exec(compile(source, "<clamor-cell-1>", "exec"), scope)  # noqa: S102 - a notebook cell
+    return scope
+
+
+def test_a_program_packed_again_with_the_same_immutable_inputs_is_not_pickled_again():
+    scope = cell("import math\nK = 3\ndef f(ctx, *, z=2):\n    return K * z + math.pi\n")
+    first = shipping.pack_program(scope["f"])
+    assert shipping.pack_program(scope["f"]) is first  # an iterative loop's next stage
+    scope["K"] = 4  # a global it reads, rebound: pickled again, with the new value
+    second = shipping.pack_program(scope["f"])
+    assert second is not first and shipping.loads(second)(None) == 8 + math.pi
+
+
+def test_a_program_with_a_mutable_input_is_pickled_every_time():
+    scope = cell("W = [1.0]\ndef f(ctx):\n    return W[0]\n")
+    assert shipping.loads(shipping.pack_program(scope["f"]))(None) == 1.0
+    scope["W"][0] = 2.0  # the same list, changed in place
+    assert shipping.loads(shipping.pack_program(scope["f"]))(None) == 2.0
 
 
 def test_small_heap_and_object_arrays_travel_by_value():
