@@ -29,6 +29,7 @@ from clamor.runtime.errors import WorkerLostError
 from clamor.runtime.net import task_stream, transport
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
+from clamor.runtime.net.stream_server import StreamPoller
 from clamor.runtime.net.task_stream import END, MESSAGE, PING, Connection, DriverLink
 from clamor.runtime.paging.paging_api import NullDriverPaging
 from clamor.runtime.stage import StageSpec, TaskSpec
@@ -162,6 +163,14 @@ def test_silence_ends_the_stream_on_both_ends(monkeypatch):
 
 
 # --- a cluster ---------------------------------------------------------------------------
+
+
+def test_the_poller_ends_its_thread_and_closes_its_fds():
+    before = set(os.listdir("/proc/self/fd"))
+    poller = StreamPoller(lambda *a: None, lambda *a: None)
+    assert poller.thread.is_alive() and set(os.listdir("/proc/self/fd")) > before  # epoll, eventfd
+    poller.close()
+    assert not poller.thread.is_alive() and set(os.listdir("/proc/self/fd")) <= before
 
 
 @pytest.fixture
