@@ -162,11 +162,19 @@ class Telemetry:
 
     def finished(self, attempt: int, ok: bool, duration: float) -> None:
         """The worker reported ``attempt`` (``duration``: seconds its program ran)."""
+        self.finished_many([(attempt, ok, duration)])
+
+    def finished_many(self, reports: Iterable[tuple[int, bool, float]]) -> None:
+        """:meth:`finished` for each ``(attempt, ok, duration)`` reported together."""
         now = time.time()
         with self._lock:
-            entry = self._open.get(attempt)
-            if entry is None:
-                return
+            for attempt, ok, duration in reports:
+                self._finished(attempt, ok, duration, now)
+            self.version += 1
+
+    def _finished(self, attempt: int, ok: bool, duration: float, now: float) -> None:
+        entry = self._open.get(attempt)
+        if entry is not None:
             queue = self._queues.get(entry.worker)
             if queue and next(iter(queue)) != attempt:
                 # Launched before it and still open (the queue is in launch order): one
@@ -177,7 +185,6 @@ class Telemetry:
             status = CANCELLED if entry.cancelled else OK if ok else FAILED
             start = max(entry.launched, now - max(0.0, duration))
             self._close(attempt, (entry, start, now, status))  # a TaskRecord when read
-            self.version += 1
 
     def cancelled(self, attempts: Iterable[int]) -> None:
         """A Cancel went out: a queued attempt never runs; a running one reports as cancelled."""

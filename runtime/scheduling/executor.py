@@ -238,9 +238,9 @@ class Executor:
         now = time.monotonic()
         events: list[Event] = []
         finished: list[TaskResult] = []  # the successes since the last event
+        self.telemetry.finished_many((r.attempt_id, r.status == pb.OK, r.duration) for r in reports)
         for report in reports:
             self.tasks_run += 1
-            self.telemetry.finished(report.attempt_id, report.status == pb.OK, report.duration)
             if report.status == pb.OK:
                 try:
                     result = self._decode_result(worker, report)
