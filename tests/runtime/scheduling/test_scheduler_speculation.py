@@ -148,7 +148,7 @@ def test_the_usual_wait_for_a_busy_workers_report_raises_the_threshold():
     out = state.tick(0.3501)  # worker 0 is slow: its queued attempt is taken back, the
     # running one copied
     assert of(out, Cancel) == [Cancel(0, (placed[0][11].id,))]
-    assert sorted(a.index for a in sum(launched(out).values(), [])) == [30, 33]
+    assert sorted(a.index for attempts in launched(out).values() for a in attempts) == [30, 33]
 
 
 def test_no_speculation_when_disabled():
