@@ -228,8 +228,11 @@ class WorkerExecutor:
             with self._cond:
                 while (item := self._take()) is None:
                     if not self._cond.wait(PING_INTERVAL) and self._busy:
-                        self._report([pb.WorkerMessage()])  # an empty message: alive
-            self._do(item)
+                        break  # the stream's thread runs an attempt: say this worker lives
+            if item is None:
+                self._report([pb.WorkerMessage()])  # an empty message (off the lock)
+            else:
+                self._do(item)
 
     def _do(self, item: _Queued | _Exclusive) -> None:
         """Run ``item`` (this thread took it) and report its result."""
