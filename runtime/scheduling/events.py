@@ -5,7 +5,7 @@ finished, a worker lost, ...) are queued and run in order, one thread at a time,
 one lock. The loop thread runs what is posted with :meth:`EventLoop.post`, so that the
 poster (e.g. the notebook's main thread, which a ``KeyboardInterrupt`` may hit) never
 runs an event itself. A task stream's reader thread runs the results it posts on its
-own thread (:meth:`EventLoop.post_here`), after whatever thread is running events: that
+own thread (:meth:`EventLoop.post_here`) unless another thread is running events: that
 saves waking the loop thread for every result message, ~0.1 ms per stage on a 2-core
 VM. Events queued together run as one batch (up to 1,024), so that their launches to
 one worker go in one message.
@@ -43,14 +43,18 @@ class EventLoop:
             self._wake.notify()
 
     def post_here(self, events: list[Event]) -> None:
-        """Queue ``events`` and run what is queued on this thread, once the thread running
-        events now (if any: it may run these too) is done. Not handed to the loop thread:
-        with results coming faster than one thread runs them, the loop thread would then
-        run all of them, each message a wake-up and a GIL hand-off away from the stream's
-        reader (16 workers' results, 2-core VM: most of the driver's time)."""
+        """Queue ``events`` and run what is queued on this thread, unless another thread
+        is running events (it runs these too, or the loop thread does)."""
         self._queue.extend(events)
-        with self._lock:
-            self._drain()
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
+            if not self._queue:
+                return
+        with self._wake:
+            self._wake.notify()
 
     def stop(self) -> None:
         """Run no more events; the loop thread returns."""
