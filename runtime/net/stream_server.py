@@ -33,6 +33,7 @@ from clamor.runtime.net.task_stream import (
     HEADER,
     MESSAGE,
     PING_INTERVAL,
+    CLOSED,
     Connection,
     DriverLink,
     LinkTimeout,
@@ -107,7 +108,7 @@ class StreamPoller:
         try:
             frames = conn.read_ready()
             if frames is None:
-                return self._end(link, conn, ("its task stream ended (connection closed)", grpc.StatusCode.OK))
+                return self._end(link, conn, CLOSED)
             for kind, body in frames:
                 if (ended := link._frame(kind, body, self._on_results)) is not None:
                     return self._end(link, conn, ended)

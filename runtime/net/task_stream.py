@@ -327,7 +327,7 @@ class DriverLink:
                     break
         except Exception as exc:  # noqa: BLE001 - see ending()
             ended = ending(self.worker, exc)
-        self._end(conn, on_end, *(ended or ("its task stream ended (connection closed)", grpc.StatusCode.OK)))
+        self._end(conn, on_end, *(ended or CLOSED))
 
     def _end(self, conn: Connection, on_end: OnEnd, why: str, code: grpc.StatusCode) -> None:
         """The stream ended (read side): unless the driver closed it, tell the worker and
@@ -335,6 +335,10 @@ class DriverLink:
         if self._finish(why, code):
             on_end(self.worker, why)
         conn.close()
+
+
+#: Why a stream ended that the worker closed without a word.
+CLOSED = ("its task stream ended (connection closed)", grpc.StatusCode.OK)
 
 
 def ending(worker: int, exc: Exception) -> tuple[str, grpc.StatusCode]:

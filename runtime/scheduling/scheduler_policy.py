@@ -140,10 +140,9 @@ class SpeculationPolicy:
     threshold is also at least ``factor`` times the stage's usual *silence* (the
     ``silence_quantile`` of the waits between a busy worker's reports, once there are
     ``silence_samples``: a high quantile of fewer is about their maximum, which may be a
-    straggler's own): where workers
-    outnumber cores, the OS leaves each one unscheduled for tens of ms, and every worker
-    would look like a straggler of 1 ms tasks (16 workers on 2 cores spent 40 % more
-    attempts on stages of empty tasks before this).
+    straggler's own). Where workers outnumber cores, the OS leaves each one unscheduled
+    for tens of ms, and every worker would look like a straggler of 1 ms tasks (16
+    workers on 2 cores spent 40 % more attempts on stages of empty tasks before this).
     """
 
     enabled: bool = True
