@@ -29,11 +29,11 @@ import grpc
 from clamor.runtime.credentials import TLSMaterial
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.task_stream import (
+    CLOSED,
     HANDSHAKE_TIMEOUT,
     HEADER,
     MESSAGE,
     PING_INTERVAL,
-    CLOSED,
     Connection,
     DriverLink,
     LinkTimeout,
