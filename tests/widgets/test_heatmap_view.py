@@ -139,8 +139,9 @@ def test_to_png_draws_the_grid():
 
 @pytest.fixture(scope="module")
 def cluster():
-    # no readahead: every fetch happens inside the stage, so counters are still afterwards
-    with clamor.Cluster(workers=2, page_size=4096, readahead=False) as c:
+    # Counters are still once a stage is done: no readahead (every fetch happens inside
+    # the stage) and no speculation (a cancelled original may run on after the stage).
+    with clamor.Cluster(workers=2, page_size=4096, readahead=False, speculation=False) as c:
         yield c
 
 
