@@ -234,7 +234,8 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         executor = self._executor  # not the cluster: the stream server must not keep it alive
         self._streams = TaskStreamServer(self._token.encode(), host, tls=self._credentials.tls,
                                          link_of=executor.link_of, on_results=executor.task_finished,
-                                         on_end=executor.stream_ended)  # fmt: skip
+                                         on_end=executor.stream_ended,
+                                         gather=executor.gathering)  # fmt: skip
         scheduler = SchedulerServicer(self)
         self._server, self.address = create_server(
             self._token,

@@ -10,7 +10,7 @@ Why one poller: a thread per worker woke up for each results message and took th
 from the others; on the 2-core VM, 2,000 empty tasks on 16 workers cost the driver
 ~225 µs of CPU a task that way, against ~137 µs with 2 workers. The poller reads
 whatever every ready stream holds in one wake-up, and runs the results' scheduler
-events on its own thread (``on_results``), as each reader did.
+events (``on_results``) on its own thread, together, inside ``gather()``.
 """
 
 from __future__ import annotations
@@ -48,14 +48,17 @@ from google.protobuf.message import DecodeError
 
 logger = logging.getLogger("clamor.task_stream")
 
+#: ``gather()``: a context in which the results' events are gathered, run on the way out.
+Gather = Callable[[], contextlib.AbstractContextManager]
+
 
 class StreamPoller:
     """One thread reading the plain task streams: each ready one's frames go to its link;
     every :data:`PING_INTERVAL` / 2 s it pings the links due and ends those silent for
     :data:`~clamor.runtime.net.task_stream.LINK_TIMEOUT` s."""
 
-    def __init__(self, on_results: OnResults, on_end: OnEnd) -> None:
-        self._on_results, self._on_end = on_results, on_end
+    def __init__(self, on_results: OnResults, on_end: OnEnd, gather: Gather = contextlib.nullcontext) -> None:
+        self._on_results, self._on_end, self._gather = on_results, on_end, gather
         self._epoll = select.epoll()
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll.register(self._wake, select.EPOLLIN)
@@ -91,10 +94,11 @@ class StreamPoller:
                 ready = self._epoll.poll(PING_INTERVAL / 2)
             except (OSError, ValueError):
                 return  # closed
-            for fd, _ in ready:
-                stream = self._streams.get(fd)
-                if stream is not None:
-                    self._read(*stream)
+            with self._gather():
+                for fd, _ in ready:
+                    stream = self._streams.get(fd)
+                    if stream is not None:
+                        self._read(*stream)
             if time.monotonic() - housekeeping >= PING_INTERVAL / 2:
                 housekeeping = time.monotonic()
                 for link, conn in list(self._streams.values()):
@@ -128,7 +132,8 @@ class TaskStreamServer:
     """The driver's listeners, on ``port`` (TCP) and on the abstract Unix socket
     ``unix_name`` (this network namespace only; ``""``: none): a thread per connection
     runs the handshake and attaches the worker's :class:`DriverLink` (``link_of(worker)``),
-    whose results then go to ``on_results``.
+    whose results then go to ``on_results`` (inside ``gather()`` for those the poller
+    reads: see :class:`StreamPoller`).
 
     Refused, with the reason in an ``END`` frame: a first message that does not decode
     (``INVALID_ARGUMENT``), a worker the driver does not have ready
@@ -138,11 +143,11 @@ class TaskStreamServer:
 
     def __init__(self, token: bytes, host: str, tls: TLSMaterial | None,
                  link_of: Callable[[int], DriverLink | None], on_results: OnResults,
-                 on_end: OnEnd) -> None:  # fmt: skip
+                 on_end: OnEnd, gather: Gather = contextlib.nullcontext) -> None:  # fmt: skip
         self._token = token
         self._tls = tls_context(tls, server=True) if tls is not None else None
         self._link_of, self._on_results, self._on_end = link_of, on_results, on_end
-        self._poller = StreamPoller(on_results, on_end)
+        self._poller = StreamPoller(on_results, on_end, gather)
         self._socks = [socket.create_server((host, 0))]
         self.port: int = self._socks[0].getsockname()[1]
         self.unix_name = f"clamor-stream-{secrets.token_hex(8)}"

@@ -20,9 +20,10 @@ then frames of a ``u32`` length and a ``u8`` kind (little-endian) and the body:
 - ``END``: ``"CODE why"`` (a ``grpc.StatusCode`` name, UTF-8): why the sender ends it.
 
 Order: the driver's items reach the worker in the order issued (a cancel never
-overtakes its launch): small ones are written at once on the caller's thread, a large
-one (a stage's program) and whatever follows it while it is written go through the
-link's writer thread, so that the executor's thread never waits on a worker.
+overtakes its launch): a small one is written at once on the caller's thread, as far as
+the socket takes it without waiting; its rest, a large one (a stage's program) and
+whatever follows them while they are written go through the link's writer thread, so
+that the thread running the scheduler's events never waits on a worker.
 
 Failure: the stream's end, either way and for any reason, means the worker is lost.
 A killed process resets the connection; a stopped one, or a cut link, stops answering
@@ -117,6 +118,22 @@ class Connection:
         finally:
             self._lock.release()
         return True
+
+    def send_some(self, data: bytes) -> int:
+        """Write what the socket takes now, without waiting for the other end: how many
+        bytes of ``data`` went (``OSError`` if the connection is gone). A TLS socket
+        takes it all (a TLS record cannot be written in part)."""
+        with self._lock:
+            if isinstance(self.sock, ssl.SSLSocket):
+                self.sock.sendall(data)
+                return len(data)
+            view, sent = memoryview(data), 0
+            while sent < len(view):
+                try:
+                    sent += self.sock.send(view[sent:], socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    break
+            return sent
 
     def frames(self, tick: Callable[[], None] = lambda: None) -> Iterator[tuple[int, bytes]]:
         """``(kind, body)`` as they arrive, until the other end closes the connection (or
@@ -219,23 +236,42 @@ class DriverLink:
         return self._closed
 
     def _send(self, message: pb.DriverMessage, attempts: int = 0) -> None:
-        data = frame(MESSAGE, message.SerializeToString())
         with self._cond:
             if self._closed:
                 return
             self.sent_messages += 1
             self.sent_attempts += attempts
+        self._put(frame(MESSAGE, message.SerializeToString()))
+
+    def _put(self, data: bytes) -> None:
+        """Frames to write after those issued before: here, as far as the socket takes
+        them now; the rest, a large item and what is issued meanwhile by the writer
+        thread. So the thread running the scheduler's events never waits on a worker
+        (one that is itself blocked sending its results to a driver not reading them)."""
+        with self._cond:
+            if self._closed:
+                return
             conn = self._conn
             if conn is None or self._writing or self._backlog or len(data) > INLINE_BYTES:
                 self._backlog.append(data)
                 self._cond.notify_all()
                 return
             self._writing = True
-        self._write(conn, data)
+        try:
+            sent = conn.send_some(data)
+        except OSError:
+            conn.close()  # the reader reports it
+            sent = len(data)
+        with self._cond:
+            self._writing = False
+            if sent < len(data):
+                self._backlog.insert(0, data[sent:])
+            if self._backlog:
+                self._cond.notify_all()
 
     def _write(self, conn: Connection, data: bytes) -> None:
-        """Write ``data`` (this thread set ``_writing``); a broken connection is shut down,
-        which the reader reports."""
+        """Write ``data`` (this thread set ``_writing``), waiting for the socket; a broken
+        connection is shut down, which the reader reports."""
         try:
             conn.send(data)
         except OSError:
@@ -296,8 +332,7 @@ class DriverLink:
         now = time.monotonic()
         if now - self._last_ping >= PING_INTERVAL and self._conn is not None:
             self._last_ping = now
-            with contextlib.suppress(OSError):
-                self._conn.send(frame(PING), wait=False)  # a write under way shows life too
+            self._put(frame(PING))
 
     def _frame(self, kind: int, body: bytes, on_results: OnResults) -> tuple[str, grpc.StatusCode] | None:
         """Handle one frame from the worker: results to ``on_results``; why the stream

@@ -7,15 +7,19 @@ poster (e.g. the notebook's main thread, which a ``KeyboardInterrupt`` may hit) 
 runs an event itself. A task stream's reader thread runs the results it posts on its
 own thread (:meth:`EventLoop.post_here`) unless another thread is running events: that
 saves waking the loop thread for every result message, ~0.1 ms per stage on a 2-core
-VM. Events queued together run as one batch (up to 1,024), so that their launches to
-one worker go in one message.
+VM. The one thread reading every plain task stream (runtime/net/stream_server.py)
+gathers what it read in one wake-up and runs it itself (:meth:`EventLoop.gathering`),
+waiting for a thread running events: handing its results over had that thread and the
+reader take turns with the GIL. Events queued together run as one batch (up to 1,024),
+so that their launches to one worker go in one message.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: An event: called with the scheduler state, it returns the instructions to carry out.
@@ -31,6 +35,7 @@ class EventLoop:
         self._wake = threading.Condition()
         self._lock = threading.Lock()  # held by the thread running events
         self._stopped = False
+        self._gatherer: int | None = None  # the thread in gathering()
         #: The thread running events now (``None``: none).
         self.runner: threading.Thread | None = None
         self.thread = threading.Thread(target=self._loop, name="clamor-scheduler", daemon=True)
@@ -44,8 +49,11 @@ class EventLoop:
 
     def post_here(self, events: list[Event]) -> None:
         """Queue ``events`` and run what is queued on this thread, unless another thread
-        is running events (it runs these too, or the loop thread does)."""
+        is running events (it runs these too, or the loop thread does); in
+        :meth:`gathering`, on its way out."""
         self._queue.extend(events)
+        if self._gatherer == threading.get_ident():
+            return
         if self._lock.acquire(blocking=False):
             try:
                 self._drain()
@@ -55,6 +63,20 @@ class EventLoop:
                 return
         with self._wake:
             self._wake.notify()
+
+    @contextlib.contextmanager
+    def gathering(self) -> Iterator[None]:
+        """What this thread posts with :meth:`post_here` meanwhile runs as one batch on the
+        way out, here, after the events another thread is running (whose events must
+        never wait on this one: they do no blocking I/O)."""
+        self._gatherer = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._gatherer = None
+            if self._queue and not self._stopped:
+                with self._lock:
+                    self._drain()
 
     def stop(self) -> None:
         """Run no more events; the loop thread returns."""

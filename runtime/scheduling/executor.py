@@ -19,6 +19,7 @@ once per task index.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -150,6 +151,11 @@ class Executor:
 
     def _post(self, event: Event) -> None:
         self._events.post(event)
+
+    def gathering(self) -> contextlib.AbstractContextManager:
+        """The results :meth:`task_finished` gets on this thread meanwhile run together,
+        here, on the way out (the task-stream poller's wake-up)."""
+        return self._events.gathering()
 
     def ask(self, question: Callable[[SchedulerState], T]) -> T:
         """``question(state)``, answered in turn with the events (the state is not thread-safe)."""

@@ -128,6 +128,25 @@ def test_items_arrive_in_issue_order_a_large_one_through_the_writer_and_close_sa
     assert events == []  # the driver closed it: not reported as an end
 
 
+def test_the_issuing_thread_never_waits_for_a_worker_that_reads_nothing():
+    """A worker busy sending its results reads nothing meanwhile. What its socket does not
+    take at once is left to the link's writer thread, so the thread running the
+    scheduler's events goes on (and can read those results); all arrives in order."""
+    link = DriverLink(5)
+    worker, _ = attached(link)
+    n = 2_000  # 4 KB launches, 8 MB in all: far beyond what a socket buffers
+    issuer = threading.Thread(target=lambda: [link.launch(launch(i, b"p" * 4096)) for i in range(n)])
+    issuer.start()
+    issuer.join(30)
+    assert not issuer.is_alive(), "the issuing thread waits on a worker that does not read"
+    link.cancel([7])
+    frames: list = []
+    threading.Thread(target=received, args=(worker, END, frames), daemon=True).start()
+    wait_for(lambda: sum(kind == MESSAGE for kind, _ in frames) == n + 1, timeout=30)
+    assert items(frames) == [("launch", i) for i in range(n)] + [("cancel", [7])]
+    link.close()
+
+
 def test_results_are_handed_on_and_a_worker_that_hangs_up_is_reported():
     link = DriverLink(3)
     worker, events = attached(link)

@@ -1,6 +1,7 @@
 """The scheduler's event loop (runtime/scheduling/events.py): events run in the order
 posted, one thread at a time; a poster that runs them itself does so only when no other
-thread is running events; nothing posted is left behind; ``stop`` ends the loop thread."""
+thread is running events, or waits for it while gathering; nothing posted is left
+behind; ``stop`` ends the loop thread."""
 
 from __future__ import annotations
 
@@ -92,5 +93,36 @@ def test_many_posters_every_event_runs_once_and_each_posters_in_order():
         for p in range(4):
             assert [i for q, i in ran if q == p] == list(range(300))
     finally:
+        loop.stop()
+        loop.thread.join(10)
+
+
+def test_what_is_gathered_runs_as_one_batch_after_the_events_running_meanwhile():
+    batches: list[tuple[str, list[str]]] = []
+    release = threading.Event()
+
+    def run(batch):
+        batches.append((threading.current_thread().name, [e(None) for e in batch]))
+
+    loop = EventLoop(run)
+    here = threading.current_thread().name
+    try:
+        with loop.gathering():
+            loop.post_here([lambda s: "a"])
+            loop.post_here([lambda s: "b"])
+            assert batches == []  # gathered: nothing runs yet
+        assert batches == [(here, ["a", "b"])]  # on the way out, here
+
+        loop.post(lambda s: release.wait(10) and "busy")  # holds the loop thread
+        time.sleep(0.05)
+        threading.Timer(0.2, release.set).start()
+        with loop.gathering():
+            loop.post_here([lambda s: "c"])
+        # the way out waited for the busy thread, which took "c" along
+        assert batches[1:] == [("clamor-scheduler", ["busy"]), ("clamor-scheduler", ["c"])]
+        loop.post_here([lambda s: "d"])  # no longer gathering: runs at once
+        assert batches[-1] == (here, ["d"])
+    finally:
+        release.set()
         loop.stop()
         loop.thread.join(10)
