@@ -70,7 +70,7 @@ class StreamPoller:
     def add(self, link: DriverLink, conn: Connection) -> None:
         """Read ``conn`` (attached to ``link``) from now on."""
         fd = conn.sock.fileno()
-        link._detach = lambda: self._forget(fd)
+        link.unregister = lambda: self._forget(fd)
         self._streams[fd] = (link, conn)
         self._epoll.register(fd, select.EPOLLIN)
 
@@ -102,7 +102,7 @@ class StreamPoller:
             if time.monotonic() - housekeeping >= PING_INTERVAL / 2:
                 housekeeping = time.monotonic()
                 for link, conn in list(self._streams.values()):
-                    link._ping()
+                    link.ping_if_due()
                     try:
                         conn.check_heard()
                     except LinkTimeout as exc:
@@ -114,7 +114,7 @@ class StreamPoller:
             if frames is None:
                 return self._end(link, conn, CLOSED)
             for kind, body in frames:
-                if (ended := link._frame(kind, body, self._on_results)) is not None:
+                if (ended := link.handle_frame(kind, body, self._on_results)) is not None:
                     return self._end(link, conn, ended)
         except Exception as exc:  # noqa: BLE001 - see ending()
             self._end(link, conn, ending(link.worker, exc))
@@ -124,7 +124,7 @@ class StreamPoller:
         (telling the worker may wait a second for a write under way; the loss is handled
         there too)."""
         self._forget(conn.sock.fileno())
-        threading.Thread(target=link._end, args=(conn, self._on_end, *ended),
+        threading.Thread(target=link.end_stream, args=(conn, self._on_end, *ended),
                          name=f"clamor-stream-end-{link.worker}", daemon=True).start()  # fmt: skip
 
 
@@ -184,7 +184,7 @@ class TaskStreamServer:
                 sock.close()
             return
         if link is not None and self._tls is not None:
-            link._read(conn, self._on_results, self._on_end)
+            link.read_until_end(conn, self._on_results, self._on_end)
 
     def _open(self, sock: socket.socket) -> tuple[Connection, DriverLink | None]:
         """Handshake and first message; the link attached (a plain one handed to the
@@ -211,7 +211,7 @@ class TaskStreamServer:
             own = threading.current_thread() if self._tls is not None else None
             if link is None:
                 refusal = (grpc.StatusCode.FAILED_PRECONDITION, f"worker {first.worker_id} is not ready here, or was lost")
-            elif not link._attach(conn, own):
+            elif not link.attach(conn, own):
                 refusal = (grpc.StatusCode.ALREADY_EXISTS, f"worker {first.worker_id} has a task stream already")
             else:
                 if own is None:

@@ -207,7 +207,8 @@ class DriverLink:
         #: The threads that read the worker's results (``None``: the server's poller reads
         #: it) and write the backlog, once it connected.
         self.reader: threading.Thread | None = None
-        self._detach: Callable[[], None] = lambda: None  # the poller lets go of the socket
+        #: Set by the poller reading it: stop watching the socket (called as the link closes).
+        self.unregister: Callable[[], None] = lambda: None
         self.writer: threading.Thread | None = None
         #: Counters (read from any thread): messages each way, attempts sent, reports received.
         self.sent_messages = self.sent_attempts = self.received_messages = self.received_reports = 0
@@ -308,13 +309,13 @@ class DriverLink:
             if idle:
                 with contextlib.suppress(OSError):
                     conn.send(end_frame(code, why), wait=False)
-            self._detach()
+            self.unregister()
             conn.close()
         return True
 
-    # --- the reader's side ---
+    # --- the reader's side: its own thread (read_until_end), or a poller (the rest) ---
 
-    def _attach(self, conn: Connection, reader: threading.Thread | None = None) -> bool:
+    def attach(self, conn: Connection, reader: threading.Thread | None = None) -> bool:
         """The worker connected (its results read by ``reader``, or by a poller): start
         writing. False if it had connected already or the link is closed."""
         with self._cond:
@@ -328,13 +329,14 @@ class DriverLink:
         self.writer.start()
         return True
 
-    def _ping(self) -> None:
+    def ping_if_due(self) -> None:
+        """Ping the worker if :data:`PING_INTERVAL` s passed since the last ping."""
         now = time.monotonic()
         if now - self._last_ping >= PING_INTERVAL and self._conn is not None:
             self._last_ping = now
             self._put(frame(PING))
 
-    def _frame(self, kind: int, body: bytes, on_results: OnResults) -> tuple[str, grpc.StatusCode] | None:
+    def handle_frame(self, kind: int, body: bytes, on_results: OnResults) -> tuple[str, grpc.StatusCode] | None:
         """Handle one frame from the worker: results to ``on_results``; why the stream
         ends, if it does (an ``END``, a message that does not decode)."""
         if kind == END:
@@ -352,19 +354,19 @@ class DriverLink:
             on_results(self.worker, message.reports, message.moved)
         return None
 
-    def _read(self, conn: Connection, on_results: OnResults, on_end: OnEnd) -> None:
+    def read_until_end(self, conn: Connection, on_results: OnResults, on_end: OnEnd) -> None:
         """Results to ``on_results`` until the stream ends (this thread reads it); then,
         unless the driver closed it, ``on_end`` with why."""
         ended = None
         try:
-            for kind, body in conn.frames(self._ping):
-                if (ended := self._frame(kind, body, on_results)) is not None:
+            for kind, body in conn.frames(self.ping_if_due):
+                if (ended := self.handle_frame(kind, body, on_results)) is not None:
                     break
         except Exception as exc:  # noqa: BLE001 - see ending()
             ended = ending(self.worker, exc)
-        self._end(conn, on_end, *(ended or CLOSED))
+        self.end_stream(conn, on_end, *(ended or CLOSED))
 
-    def _end(self, conn: Connection, on_end: OnEnd, why: str, code: grpc.StatusCode) -> None:
+    def end_stream(self, conn: Connection, on_end: OnEnd, why: str, code: grpc.StatusCode) -> None:
         """The stream ended (read side): unless the driver closed it, tell the worker and
         ``on_end``."""
         if self._finish(why, code):

@@ -69,8 +69,8 @@ def attached(link: DriverLink) -> tuple[Connection, list]:
     conn = Connection(ours)
 
     def read():
-        assert link._attach(conn)
-        link._read(conn, lambda w, reports, moved: events.append([r.attempt_id for r in reports]),
+        assert link.attach(conn)
+        link.read_until_end(conn, lambda w, reports, moved: events.append([r.attempt_id for r in reports]),
                    lambda w, why: events.append(("end", why)))  # fmt: skip
 
     threading.Thread(target=read, daemon=True).start()
