@@ -36,7 +36,6 @@ Fault tolerance (DESIGN 6):
 
 from __future__ import annotations
 
-import bisect
 import functools
 import heapq
 from collections.abc import Iterable, Sequence
@@ -297,13 +296,13 @@ class SchedulerState:
         stage = self._stages[attempt.stage]
         state = self._workers[worker]
         if silence:  # the first report of a message (the others came with it: 0)
-            bisect.insort(stage.silences, silence)
+            stage.silences.add(silence)
         marked = None if state.slow is None else self._stages[state.slow]  # see ``_end``
         if marked is not None and result.duration <= self.policy.threshold(marked.durations):
             state.slow = None
         if attempt.index not in stage.results:
             stage.results[attempt.index] = result
-            bisect.insort(stage.durations, result.duration)
+            stage.durations.add(result.duration)
             state.tasks_done += 1
             if result.outputs:
                 out += self._register(worker, result.outputs)

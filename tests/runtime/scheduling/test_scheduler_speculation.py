@@ -21,7 +21,7 @@ from clamor.runtime.scheduling.scheduler import (
     StageDone,
     StageFailed,
 )
-from clamor.runtime.scheduling.scheduler_policy import SpeculationPolicy
+from clamor.runtime.scheduling.scheduler_policy import SortedSample, SpeculationPolicy, median
 from clamor.runtime.stage import DRIVER, TaskSpec
 from scheduler_events import (
     cluster,
@@ -189,6 +189,19 @@ def test_the_speculation_policy():
         SpeculationPolicy(factor=0)
     with pytest.raises(ValueError):
         SpeculationPolicy(slow_limit=0)
+
+
+def test_a_stages_sample_of_durations_is_exact_up_to_its_cap_then_bounded_and_close():
+    values = [(i * 7919) % 100_000 / 1e5 for i in range(100_000)]  # 0 .. 1, shuffled
+    sample = SortedSample()
+    for v in values[: SortedSample.CAP]:
+        sample.add(v)
+    assert list(sample) == sorted(values[: SortedSample.CAP])  # every one, sorted
+    for v in values[SortedSample.CAP :]:
+        sample.add(v)
+    assert SortedSample.CAP // 2 <= len(sample) <= SortedSample.CAP and sample == sorted(sample)
+    assert abs(median(sample) - 0.5) < 0.01  # the median of all 100,000 is 0.5
+    assert abs(sample[int(0.9 * len(sample))] - 0.9) < 0.01  # and their 90th percentile 0.9
 
 
 def test_a_failed_copy_does_not_fail_the_stage_while_the_original_runs():
