@@ -149,6 +149,9 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
     ``speculation_factor`` times its stage's median (and its usual wait for a busy
     worker's report) gets a copy on an idle worker;
     the first result wins. A lost worker's running tasks are rerun elsewhere.
+    Tiny tasks (DESIGN 6): with ``fuse``, a stage of many plain tasks whose program ran
+    under 0.2 ms a task last time runs them in chunks, one attempt per chunk
+    (runtime/scheduling/fusion.py); results and errors stay per task.
     Memory (DESIGN 5, R3S): ``worker_memory`` is each worker's budget (``"4GiB"``, bytes,
     or ``{worker id: size}``; default: a fair share of this host's memory among the
     workers), half for cached arena pages (evicted beyond it, CLOCK) and half for kept
@@ -170,6 +173,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         log_dir: str | None = None,
         speculation: bool = True,
         speculation_factor: float = 2.0,
+        fuse: bool = True,
         launcher: str | Launcher = "local",
         tls: bool = False,
         worker_memory: memory.Size | Mapping[int, memory.Size] | None = None,
@@ -223,6 +227,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             version_floor=lambda epoch: c._version_floor(epoch) if (c := me()) else epoch,
             speculation=speculation,
             speculation_factor=speculation_factor,
+            fuse=fuse,
             bulk=None if tls else BulkClient(self._token.encode()),
         )
         self._pins: collections.Counter[int] = collections.Counter()

@@ -33,7 +33,8 @@ logger = logging.getLogger("clamor.transport")
 #: Worker.Cancel and Scheduler.TaskFinished are gone).
 #: 3: the task stream is a TCP connection of its own (Scheduler.Session is gone), and a
 #: task's read set travels packed (TaskReport.read_pages / read_versions).
-PROTOCOL_VERSION = "3"
+#: 4: an Assignment may run several tasks (``count``: a fused attempt of tiny tasks).
+PROTOCOL_VERSION = "4"
 TOKEN_METADATA_KEY = "x-clamor-token"
 PROTOCOL_METADATA_KEY = "x-clamor-protocol"
 

@@ -39,7 +39,9 @@ from clamor.runtime.net.shipping import decode_exception
 from clamor.runtime.net.task_stream import DriverLink
 from clamor.runtime.observe.telemetry import Telemetry
 from clamor.runtime.paging.paging_api import DriverPaging
+from clamor.runtime.scheduling import fusion
 from clamor.runtime.scheduling.events import Event, EventLoop
+from clamor.runtime.scheduling.fusion import FusionPolicy
 from clamor.runtime.scheduling.scheduler import (
     Cancel,
     Drop,
@@ -73,6 +75,8 @@ class _StageRun:
     name: str = ""
     recompute: bool = False
     sent_to: set[int] = dataclasses.field(default_factory=set)
+    #: a fused stage's chunks, ``(first index, count)`` per attempt index (``()``: not fused)
+    chunks: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +122,7 @@ class Executor:
         speculation: bool = True,
         speculation_factor: float = 2.0,
         bulk: BulkClient | None = None,
+        fuse: bool = True,
     ) -> None:
         self._paging = paging
         self._bulk = bulk
@@ -131,6 +136,8 @@ class Executor:
         self._state = SchedulerState(
             window=window, speculation=speculation, speculation_factor=speculation_factor
         )
+        #: Whether tiny tasks run in chunks (runtime/scheduling/fusion.py).
+        self.fusion = FusionPolicy(enabled=fuse)
         self._endpoints: dict[int, _Endpoint] = {}
         self._stages: dict[int, _StageRun] = {}
         self._stage_ids = itertools.count(1)
@@ -349,12 +356,15 @@ class Executor:
                 bulk = self.driver_bulk_address
             inputs.append(pb.InputLocation(key=encode_key(key), holder=holder, address=address,
                                            bulk_address=bulk))  # fmt: skip
+        run = self._stages.get(attempt.stage)
+        index, count = run.chunks[attempt.index] if run is not None and run.chunks else (attempt.index, 0)
         return pb.Assignment(
             attempt_id=attempt.id,
-            index=attempt.index,
+            index=index,
             inputs=inputs,
             output=encode_key(spec.output) if spec.output is not None else b"",
             reply=spec.reply,
+            count=count,
         )
 
     def _link(self, worker: int) -> DriverLink | None:
@@ -395,7 +405,14 @@ class Executor:
                 run = _StageRun(program, epoch if stage.epoch is None else stage.epoch,
                                 concurrent.futures.Future(), stage.name, stage.recompute)  # fmt: skip
                 self._stages[stage_id] = run
-                tasks = self._with_cached(stage.tasks)
+                key = fusion.program_key(stage)
+                size = self.fusion.chunk(key, len(stage.tasks), len(live()))
+                if size > 1:
+                    run.chunks = fusion.chunks(len(stage.tasks), size)
+                    reply = stage.tasks[0].reply
+                    tasks = [TaskSpec(i, reply=reply) for i in range(len(run.chunks))]
+                else:
+                    tasks = self._with_cached(stage.tasks)
                 self.telemetry.stage_started(stage_id, stage.name, len(tasks), run.epoch,
                                              stage.recompute)  # fmt: skip
                 self._post(lambda s: self._submit(s, stage_id, tasks, run.future))
@@ -406,9 +423,14 @@ class Executor:
             finally:
                 self._paging.end_stage()
                 self._release(stage, epoch)
-        self.last_read_sets = [list(r.read_set) for r in results]
+        counts = [c for _, c in run.chunks] or [1] * len(results)
+        self.fusion.learn(key, [r.duration for r in results], counts)
+        self.last_read_sets = [list(r.read_set) for r, c in zip(results, counts) for _ in range(c)]
         self.last_epoch = run.epoch
-        values = [self._value(r) for r in results]
+        if run.chunks:
+            values = [v for r, c in zip(results, counts) for v in (self._value(r) or [None] * c)]
+        else:
+            values = [self._value(r) for r in results]
         self._merge_accumulators(results)
         return values
 

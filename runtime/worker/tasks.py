@@ -64,6 +64,21 @@ REPORT_BATCH = 16
 REPORT_DELAY = 0.002
 
 
+def _merged(contexts: list[TaskContext], field: str) -> dict:
+    """The ``outputs`` or ``accumulator_updates`` of the tasks of one attempt (one, or a
+    fused attempt's), merged (accumulator updates are lists per accumulator)."""
+    if len(contexts) == 1:
+        return getattr(contexts[0], field)
+    out: dict = {}
+    for ctx in contexts:
+        for key, value in getattr(ctx, field).items():
+            if isinstance(value, list):
+                out.setdefault(key, []).extend(value)
+            else:
+                out[key] = value
+    return out
+
+
 @dataclasses.dataclass
 class _Encoded:
     """A stage's program as it arrived. It is decoded on the task thread, inside the
@@ -283,13 +298,22 @@ class WorkerExecutor:
             return fetched[key]
 
         ctx = TaskContext(a.index, tuple(locations), fetch, self._store.put)
+        done: list[TaskContext] = []  # the tasks of a fused attempt that ran, in order
         read_set: tuple[np.ndarray, np.ndarray] | None = None
         try:
             self.paging.begin_task(item.epoch)
             try:
                 if isinstance(program, _Encoded):  # errors (a module missing here) fail the attempt
                     program = self._decode(item.stage, program)
-                value = run_program(program, ctx)
+                if a.count > 1:  # one read set for all; a task that raises ends it, by its index
+                    values = []
+                    for index in range(a.index, a.index + a.count):
+                        ctx = TaskContext(index, (), fetch, self._store.put)
+                        values.append(run_program(program, ctx))
+                        done.append(ctx)
+                    value = values if any(v is not None for v in values) else None
+                else:
+                    value = run_program(program, ctx)
             finally:
                 read_set = self.paging.end_task()
             report = pb.TaskReport(attempt_id=a.attempt_id, index=a.index, status=pb.OK)
@@ -297,12 +321,13 @@ class WorkerExecutor:
                 ctx.put(decode_key(a.output), value)
             if a.reply and value is not None:  # no value: None (the common empty reply)
                 self._encode_value(report, a.attempt_id, value)
-            if ctx.accumulator_updates:
-                report.accumulators = shipping.dumps(ctx.accumulator_updates)
+            if updates := _merged(done or [ctx], "accumulator_updates"):
+                report.accumulators = shipping.dumps(updates)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the driver
-            report = _error_report(a.attempt_id, exc, a.index)
+            report = _error_report(a.attempt_id, exc, ctx.index)
+            done.append(ctx)
         report.outputs.extend(
-            pb.PartitionInfo(key=encode_key(k), nbytes=n) for k, n in ctx.outputs.items()
+            pb.PartitionInfo(key=encode_key(k), nbytes=n) for k, n in _merged(done or [ctx], "outputs").items()
         )
         if read_set is not None:
             report.read_pages = read_set[0].astype("<u8", copy=False).tobytes()
