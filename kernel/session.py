@@ -141,6 +141,7 @@ OPTIONS: dict[str, Option] = {
     "speculation": Option(True, _boolean, "speculative copies of straggling tasks", True),
     "speculation_factor": Option(2.0, _number(float, 1, False, "a number >= 1"),
                                  "a task is a straggler after this many times its stage's median", True),
+    "fuse": Option(True, _boolean, "run a stage of tiny tasks in chunks, an attempt a chunk", True),
     "timeout": Option(60.0, _number(float, 0.1, False, "a number of seconds > 0"),
                       "seconds to wait for the workers to start", True),
     "log_dir": Option(None, _path, "where worker logs go (none: the kernel's output)", True),

@@ -382,6 +382,16 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
     # --- inspection and faults ---
 
     @property
+    def fuse(self) -> bool:
+        """Whether a stage of tiny tasks may run them in chunks (``fuse`` at construction;
+        settable, e.g. to compare)."""
+        return self._executor.fusion.enabled
+
+    @fuse.setter
+    def fuse(self, on: bool) -> None:
+        self._executor.fusion.enabled = bool(on)
+
+    @property
     def workers(self) -> list[int]:
         """Ids of the live workers."""
         self._refresh()

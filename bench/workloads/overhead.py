@@ -16,7 +16,9 @@ nothing (a module-level function returning ``None``):
 The systems, each through its ordinary batch API:
 
 * Clamor: ``cluster.execute(StageSpec(_empty, [TaskSpec(i) ...]))`` (the stage
-  API); also, as more rows if they are there, the dataset API
+  API: after the warm-up batch has shown the tasks tiny, a batch runs them in chunks,
+  runtime/scheduling/fusion.py); the same with ``cluster.fuse = False`` (a task an
+  attempt, the ``clamor (no fusion)`` row); also, as more rows if they are there, the dataset API
   (``cluster.range(N, partitions=N).map_partitions(_noop).count()``) and, for
   context, the control plane's ``cluster.run_stage([(worker, fn, args), ...])``
   (tasks placed round-robin by the caller).
@@ -279,6 +281,23 @@ def run_clamor(n: int, reps: int, stages: int) -> dict:
         except Exception as exc:  # noqa: BLE001
             rows[label] = unavailable(exc, "failed")
             progress(f"  {label}: {rows[label]['reason']}")
+        # The stage API with tiny tasks run one per attempt (runtime/scheduling/fusion.py).
+        label = "clamor (no fusion)"
+        try:
+            cluster.fuse = False
+            rows[label] = measure(
+                label,
+                lambda k: cluster.execute(StageSpec(program=_empty, tasks=[TaskSpec(i) for i in range(k)])),
+                lambda: cluster.execute(StageSpec(program=_empty, tasks=[TaskSpec(i) for i in range(WORKERS)])),
+                n,
+                reps,
+                stages,
+            )
+        except Exception as exc:  # noqa: BLE001
+            rows[label] = unavailable(exc, "failed")
+            progress(f"  {label}: {rows[label]['reason']}")
+        finally:
+            cluster.fuse = True
         # Context: the control plane's run_stage (the caller places the tasks).
         label = "clamor (run_stage)"
         try:
@@ -421,7 +440,8 @@ def run_ipyparallel(n: int, reps: int, stages: int) -> dict:
 #: The rows each system's child reports, and the API each row uses.
 ROWS = {
     "clamor": {
-        "clamor": "`cluster.execute(StageSpec(_empty, [TaskSpec(i) for i in range(N)]))`",
+        "clamor": "`cluster.execute(StageSpec(_empty, [TaskSpec(i) for i in range(N)]))` (tiny tasks fused)",
+        "clamor (no fusion)": "the same with `cluster.fuse = False`: a task an attempt",
         "clamor (dataset API)": "`cluster.range(N, partitions=N).map_partitions(_noop).count()`",
         "clamor (run_stage)": (
             "`cluster.run_stage([(i % 2, f, (i,)) for i in range(N)])` (caller places tasks)"
