@@ -406,7 +406,7 @@ class Executor:
                                 concurrent.futures.Future(), stage.name, stage.recompute)  # fmt: skip
                 self._stages[stage_id] = run
                 key = fusion.program_key(stage)
-                size = self.fusion.chunk(key, len(stage.tasks), len(live()))
+                size = self.fusion.chunk(key, len(stage.tasks), self._linked_workers)
                 if size > 1:
                     run.chunks = fusion.chunks(len(stage.tasks), size)
                     reply = stage.tasks[0].reply
@@ -433,6 +433,10 @@ class Executor:
             values = [self._value(r) for r in results]
         self._merge_accumulators(results)
         return values
+
+    def _linked_workers(self) -> int:
+        """How many workers have an open task stream (cheap: no process is looked at)."""
+        return sum(not e.link.closed for e in list(self._endpoints.values()))
 
     def _with_cached(self, tasks: list[TaskSpec]) -> list[TaskSpec]:
         """Tasks that say which arena ranges they read, told which workers cache them."""

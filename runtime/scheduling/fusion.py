@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from clamor.runtime.scheduling.scheduler_policy import median
@@ -54,15 +54,15 @@ class FusionPolicy:
     max_chunk: int = 64
     _medians: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict, repr=False)
 
-    def chunk(self, key: Any, tasks: int, workers: int) -> int:
+    def chunk(self, key: Any, tasks: int, workers: Callable[[], int]) -> int:
         """Tasks per attempt for a stage of ``tasks`` tasks of program ``key`` on
-        ``workers`` workers (1: not fused)."""
-        if not self.enabled or key is None or workers < 1:
+        ``workers()`` workers (asked only if it matters; 1: not fused)."""
+        if not self.enabled or key is None or tasks < 2 * self.chunks_per_worker:
             return 1
         last = self._medians.get(key)
         if last is None or last > self.tiny:
             return 1
-        return max(1, min(self.max_chunk, tasks // (workers * self.chunks_per_worker)))
+        return max(1, min(self.max_chunk, tasks // (max(1, workers()) * self.chunks_per_worker)))
 
     def learn(self, key: Any, durations: Sequence[float], counts: Sequence[int]) -> None:
         """Program ``key``'s stage ran: its attempts' ``durations`` (seconds), of

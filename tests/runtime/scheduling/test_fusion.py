@@ -36,14 +36,15 @@ def test_a_programs_first_stage_runs_a_task_an_attempt_and_a_tiny_one_is_fused_a
     policy = FusionPolicy()
     key = program_key(stage(index_of, 4000))
     assert key is index_of.__code__
-    assert policy.chunk(key, 4000, workers=2) == 1  # never seen: measured first
+    assert policy.chunk(key, 4000, workers=lambda: 2) == 1  # never seen: measured first
     policy.learn(key, [50e-6] * 4000, [1] * 4000)
-    assert policy.chunk(key, 4000, workers=2) == 64  # at most max_chunk
-    assert policy.chunk(key, 400, workers=2) == 25  # at least 8 chunks a worker
-    assert policy.chunk(key, 20, workers=2) == 1  # too few to share
+    assert policy.chunk(key, 4000, workers=lambda: 2) == 64  # at most max_chunk
+    assert policy.chunk(key, 400, workers=lambda: 2) == 25  # at least 8 chunks a worker
+    assert policy.chunk(key, 20, workers=lambda: 2) == 1  # too few to share
+    assert policy.chunk(key, 2, workers=lambda: 1 / 0) == 1  # a small stage: workers not counted
     policy.learn(key, [30e-3] * 62, [64] * 62)  # a chunk of 64 took 30 ms: 0.47 ms a task
-    assert policy.chunk(key, 4000, workers=2) == 1  # no longer tiny
-    assert FusionPolicy(enabled=False).chunk(key, 4000, workers=2) == 1
+    assert policy.chunk(key, 4000, workers=lambda: 2) == 1  # no longer tiny
+    assert FusionPolicy(enabled=False).chunk(key, 4000, workers=lambda: 2) == 1
 
 
 def test_only_plain_tasks_of_a_function_can_be_fused():
