@@ -230,92 +230,39 @@ def run_clamor(n: int, reps: int, stages: int) -> dict:
         return {"clamor": unavailable(exc, "could not start")}
     startup = time.perf_counter() - t0
     progress(f"  clamor: started {WORKERS} workers in {startup:.1f} s")
+
+    def add(label: str, batch, stage, *, missing: str = "") -> None:
+        """Measure one row; ``missing``: what an AttributeError means (an API not there yet)."""
+        try:
+            rows[label] = measure(label, batch, stage, n, reps, stages)
+        except Exception as exc:  # noqa: BLE001 - reported, never fatal
+            if missing and isinstance(exc, AttributeError):
+                rows[label] = {"status": "unavailable", "reason": f"skipped: {missing} is not there yet ({exc})"}
+            else:
+                rows[label] = unavailable(exc, "failed")
+            progress(f"  {label}: {rows[label]['reason']}")
+
+    def execute(k: int):
+        return cluster.execute(StageSpec(program=_empty, tasks=[TaskSpec(i) for i in range(k)]))
+
     try:
-        # The stage API: the headline row.
-        if not hasattr(cluster, "execute"):
-            rows["clamor"] = {
-                "status": "unavailable",
-                "reason": "skipped: `Cluster.execute` is not there yet (the stage API)",
-            }
-            progress("  clamor: skipped: Cluster.execute is not there yet")
-        else:
-            try:
-                rows["clamor"] = measure(
-                    "clamor",
-                    lambda k: cluster.execute(
-                        StageSpec(program=_empty, tasks=[TaskSpec(i) for i in range(k)])
-                    ),
-                    lambda: cluster.execute(
-                        StageSpec(
-                            program=_empty, tasks=[TaskSpec(i) for i in range(WORKERS)]
-                        )
-                    ),
-                    n,
-                    reps,
-                    stages,
-                )
-            except Exception as exc:  # noqa: BLE001
-                rows["clamor"] = unavailable(exc, "failed")
-                progress(f"  clamor: {rows['clamor']['reason']}")
+        # The stage API: the headline row (tiny tasks fused once the warm-up showed them tiny).
+        add("clamor", execute, lambda: execute(WORKERS), missing="`Cluster.execute` (the stage API)")
         # The dataset API.
-        label = "clamor (dataset API)"
+        add("clamor (dataset API)",
+            lambda k: cluster.range(k, partitions=k).map_partitions(_noop).count(),
+            lambda: cluster.range(WORKERS, partitions=WORKERS).map_partitions(_noop).count(),
+            missing="the dataset API")  # fmt: skip
+        # The stage API with a task an attempt (runtime/scheduling/fusion.py).
+        cluster.fuse = False
         try:
-            rows[label] = measure(
-                label,
-                lambda k: cluster.range(k, partitions=k).map_partitions(_noop).count(),
-                lambda: (
-                    cluster.range(WORKERS, partitions=WORKERS)
-                    .map_partitions(_noop)
-                    .count()
-                ),
-                n,
-                reps,
-                stages,
-            )
-        except AttributeError as exc:
-            rows[label] = {
-                "status": "unavailable",
-                "reason": f"skipped: the dataset API is not there yet (AttributeError: {exc})",
-            }
-            progress(f"  {label}: {rows[label]['reason']}")
-        except Exception as exc:  # noqa: BLE001
-            rows[label] = unavailable(exc, "failed")
-            progress(f"  {label}: {rows[label]['reason']}")
-        # The stage API with tiny tasks run one per attempt (runtime/scheduling/fusion.py).
-        label = "clamor (no fusion)"
-        try:
-            cluster.fuse = False
-            rows[label] = measure(
-                label,
-                lambda k: cluster.execute(StageSpec(program=_empty, tasks=[TaskSpec(i) for i in range(k)])),
-                lambda: cluster.execute(StageSpec(program=_empty, tasks=[TaskSpec(i) for i in range(WORKERS)])),
-                n,
-                reps,
-                stages,
-            )
-        except Exception as exc:  # noqa: BLE001
-            rows[label] = unavailable(exc, "failed")
-            progress(f"  {label}: {rows[label]['reason']}")
+            add("clamor (no fusion)", execute, lambda: execute(WORKERS))
         finally:
             cluster.fuse = True
         # Context: the control plane's run_stage (the caller places the tasks).
-        label = "clamor (run_stage)"
-        try:
-            rows[label] = measure(
-                label,
-                lambda k: cluster.run_stage(
-                    [(i % WORKERS, _empty_peer, (i,)) for i in range(k)]
-                ),
-                lambda: cluster.run_stage(
-                    [(i, _empty_peer, (i,)) for i in range(WORKERS)]
-                ),
-                n,
-                reps,
-                stages,
-            )
-        except Exception as exc:  # noqa: BLE001
-            rows[label] = unavailable(exc, "failed")
-            progress(f"  {label}: {rows[label]['reason']}")
+        add("clamor (run_stage)",
+            lambda k: cluster.run_stage([(i % WORKERS, _empty_peer, (i,)) for i in range(k)]),
+            lambda: cluster.run_stage([(i, _empty_peer, (i,)) for i in range(WORKERS)]))  # fmt: skip
     finally:
         t0 = time.perf_counter()
         cluster.close()
