@@ -7,7 +7,8 @@ What a notebook's kernel pays as the work grows, each measured in the driver pro
 (``time.process_time``: every driver thread; ``psutil`` RSS after a ``gc.collect``):
 
 * ``tasks``: one stage of N empty tasks (``cluster.execute(StageSpec(...))``) on 2
-  workers, for each N: wall and driver CPU per task. Flat means the 100,000-task stage
+  workers, for each N, an attempt a task (``fuse=False``: fused, the driver would see
+  64 times fewer attempts): wall and driver CPU per task. Flat means the 100,000-task stage
   costs per task what the 1,000-task one does.
 * ``partitions``: ``cluster.range(P * 8, partitions=P).persist()`` and a ``count()``
   over it, for each P: what the driver's Python heap keeps per persisted partition
@@ -50,7 +51,7 @@ def rss() -> int:
 def tasks_case(clamor, n: int) -> dict:
     from clamor.runtime.stage import StageSpec, TaskSpec
 
-    with clamor.Cluster(workers=2) as c:
+    with clamor.Cluster(workers=2, fuse=False) as c:  # an attempt a task: the scheduler's own cost
         c.execute(StageSpec(_empty, [TaskSpec(i) for i in range(min(n, 1000))]))  # warm
         cpu0, t0 = time.process_time(), time.perf_counter()
         out = c.execute(StageSpec(_empty, [TaskSpec(i) for i in range(n)]))
