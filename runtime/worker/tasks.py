@@ -64,18 +64,19 @@ REPORT_BATCH = 16
 REPORT_DELAY = 0.002
 
 
-def _merged(contexts: list[TaskContext], field: str) -> dict:
-    """The ``outputs`` or ``accumulator_updates`` of the tasks of one attempt (one, or a
-    fused attempt's), merged (accumulator updates are lists per accumulator)."""
+def _outputs(contexts: list[TaskContext]) -> dict[PartitionKey, int]:
+    """The partitions the tasks of one attempt (one, or a fused attempt's) kept here."""
+    return contexts[0].outputs if len(contexts) == 1 else {k: n for c in contexts for k, n in c.outputs.items()}
+
+
+def _accumulator_updates(contexts: list[TaskContext]) -> dict[int, list]:
+    """The accumulator updates of the tasks of one attempt, in task order."""
     if len(contexts) == 1:
-        return getattr(contexts[0], field)
-    out: dict = {}
+        return contexts[0].accumulator_updates
+    out: dict[int, list] = {}
     for ctx in contexts:
-        for key, value in getattr(ctx, field).items():
-            if isinstance(value, list):
-                out.setdefault(key, []).extend(value)
-            else:
-                out[key] = value
+        for accumulator_id, updates in ctx.accumulator_updates.items():
+            out.setdefault(accumulator_id, []).extend(updates)
     return out
 
 
@@ -321,13 +322,14 @@ class WorkerExecutor:
                 ctx.put(decode_key(a.output), value)
             if a.reply and value is not None:  # no value: None (the common empty reply)
                 self._encode_value(report, a.attempt_id, value)
-            if updates := _merged(done or [ctx], "accumulator_updates"):
+            if updates := _accumulator_updates(done or [ctx]):
                 report.accumulators = shipping.dumps(updates)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the driver
             report = _error_report(a.attempt_id, exc, ctx.index)
-            done.append(ctx)
+            if done and done[-1] is not ctx:  # a fused attempt's task that raised
+                done.append(ctx)
         report.outputs.extend(
-            pb.PartitionInfo(key=encode_key(k), nbytes=n) for k, n in _merged(done or [ctx], "outputs").items()
+            pb.PartitionInfo(key=encode_key(k), nbytes=n) for k, n in _outputs(done or [ctx]).items()
         )
         if read_set is not None:
             report.read_pages = read_set[0].astype("<u8", copy=False).tobytes()
