@@ -237,6 +237,12 @@ class WorkerExecutor:
                 return
         self._do(item)  # its end wakes the runner for what was queued meanwhile
 
+    def _wake_runner(self) -> None:
+        """(Under ``_cond``, an item just ended.) Wake the runner thread if something is
+        queued for it: waking it for nothing cost each small stage a thread switch."""
+        if self._queue:
+            self._cond.notify_all()
+
     def _run_loop(self) -> None:
         """The runner thread: items the stream's thread left; a sign of life for the
         driver while an attempt holds that thread."""
@@ -260,7 +266,7 @@ class WorkerExecutor:
             with self._cond:
                 self._busy = False
                 item.done.set()
-                self._cond.notify_all()
+                self._wake_runner()
             return
         program = self._programs.get(item.stage)
         if program is None:
@@ -275,7 +281,7 @@ class WorkerExecutor:
             self._running, self._busy = None, False
             self.tasks_run += 1
             self._moved += self._store.drain_moves()  # with (or after) this attempt's report
-            self._cond.notify_all()
+            self._wake_runner()
             if item.assignment.attempt_id in self._cancelled:
                 self._cancelled.discard(item.assignment.attempt_id)
             else:
