@@ -237,21 +237,20 @@ class DriverLink:
         return self._closed
 
     def _send(self, message: pb.DriverMessage, attempts: int = 0) -> None:
-        with self._cond:
-            if self._closed:
-                return
-            self.sent_messages += 1
-            self.sent_attempts += attempts
-        self._put(frame(MESSAGE, message.SerializeToString()))
+        self._put(frame(MESSAGE, message.SerializeToString()), attempts)
 
-    def _put(self, data: bytes) -> None:
-        """Frames to write after those issued before: here, as far as the socket takes
-        them now; the rest, a large item and what is issued meanwhile by the writer
-        thread. So the thread running the scheduler's events never waits on a worker
-        (one that is itself blocked sending its results to a driver not reading them)."""
+    def _put(self, data: bytes, attempts: int | None = None) -> None:
+        """Frames to write after those issued before (``attempts``: a message launching
+        that many, counted; ``None``: a ping): here, as far as the socket takes them now;
+        the rest, a large item and what is issued meanwhile by the writer thread. So the
+        thread running the scheduler's events never waits on a worker (one that is itself
+        blocked sending its results to a driver not reading them)."""
         with self._cond:
             if self._closed:
                 return
+            if attempts is not None:
+                self.sent_messages += 1
+                self.sent_attempts += attempts
             conn = self._conn
             if conn is None or self._writing or self._backlog or len(data) > INLINE_BYTES:
                 self._backlog.append(data)

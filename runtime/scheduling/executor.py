@@ -75,7 +75,7 @@ class _StageRun:
     name: str = ""
     recompute: bool = False
     sent_to: set[int] = dataclasses.field(default_factory=set)
-    #: a fused stage's chunks, ``(first index, count)`` per attempt index (``()``: not fused)
+    #: a fused stage's chunks, ``(first index, count)`` per attempt index (empty: not fused)
     chunks: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
 

@@ -305,7 +305,7 @@ class WorkerExecutor:
             return fetched[key]
 
         ctx = TaskContext(a.index, tuple(locations), fetch, self._store.put)
-        done: list[TaskContext] = []  # the tasks of a fused attempt that ran, in order
+        contexts = [ctx]  # a fused attempt's: those of the tasks that ran (or raised), in order
         read_set: tuple[np.ndarray, np.ndarray] | None = None
         try:
             self.paging.begin_task(item.epoch)
@@ -313,11 +313,11 @@ class WorkerExecutor:
                 if isinstance(program, _Encoded):  # errors (a module missing here) fail the attempt
                     program = self._decode(item.stage, program)
                 if a.count > 1:  # one read set for all; a task that raises ends it, by its index
-                    values = []
+                    contexts, values = [], []
                     for index in range(a.index, a.index + a.count):
                         ctx = TaskContext(index, (), fetch, self._store.put)
+                        contexts.append(ctx)
                         values.append(run_program(program, ctx))
-                        done.append(ctx)
                     value = values if any(v is not None for v in values) else None
                 else:
                     value = run_program(program, ctx)
@@ -328,14 +328,12 @@ class WorkerExecutor:
                 ctx.put(decode_key(a.output), value)
             if a.reply and value is not None:  # no value: None (the common empty reply)
                 self._encode_value(report, a.attempt_id, value)
-            if updates := _accumulator_updates(done or [ctx]):
+            if updates := _accumulator_updates(contexts):
                 report.accumulators = shipping.dumps(updates)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the driver
             report = _error_report(a.attempt_id, exc, ctx.index)
-            if done and done[-1] is not ctx:  # a fused attempt's task that raised
-                done.append(ctx)
         report.outputs.extend(
-            pb.PartitionInfo(key=encode_key(k), nbytes=n) for k, n in _outputs(done or [ctx]).items()
+            pb.PartitionInfo(key=encode_key(k), nbytes=n) for k, n in _outputs(contexts).items()
         )
         if read_set is not None:
             report.read_pages = read_set[0].astype("<u8", copy=False).tobytes()
