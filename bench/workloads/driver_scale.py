@@ -29,7 +29,6 @@ import gc
 import os
 import sys
 import time
-from pathlib import Path
 
 import psutil
 from harness import progress

@@ -277,7 +277,7 @@ class Executor:
                 finished = []
         try:
             moves = {decode_key(m.key): (m.holder, m.tier, m.nbytes) for m in moved}
-        except Exception:  # noqa: BLE001 - a key that does not unpickle: placement only
+        except Exception:  # a key that does not unpickle: placement only
             logger.exception("worker %d reported partition moves that do not decode", worker)
             moves = {}
         if moves:

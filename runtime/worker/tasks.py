@@ -187,7 +187,7 @@ class WorkerExecutor:
         for key in keys:
             try:
                 decoded.append(decode_key(key))
-            except Exception:  # noqa: BLE001 - whatever the unpickler raises
+            except Exception:  # whatever the unpickler raises
                 logger.exception("the driver dropped a partition key that does not decode")
         self._store.drop(decoded)
 

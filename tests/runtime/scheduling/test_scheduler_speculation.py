@@ -21,7 +21,11 @@ from clamor.runtime.scheduling.scheduler import (
     StageDone,
     StageFailed,
 )
-from clamor.runtime.scheduling.scheduler_policy import SortedSample, SpeculationPolicy, median
+from clamor.runtime.scheduling.scheduler_policy import (
+    SortedSample,
+    SpeculationPolicy,
+    median,
+)
 from clamor.runtime.stage import DRIVER, TaskSpec
 from scheduler_events import (
     cluster,
