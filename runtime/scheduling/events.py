@@ -35,7 +35,7 @@ class EventLoop:
         self._wake = threading.Condition()
         self._lock = threading.Lock()  # held by the thread running events
         self._stopped = False
-        self._gatherer: int | None = None  # the thread in gathering()
+        self._here = threading.local()  # .gathering: this thread is in gathering()
         #: The thread running events now (``None``: none).
         self.runner: threading.Thread | None = None
         self.thread = threading.Thread(target=self._loop, name="clamor-scheduler", daemon=True)
@@ -52,7 +52,7 @@ class EventLoop:
         is running events (it runs these too, or the loop thread does); in
         :meth:`gathering`, on its way out."""
         self._queue.extend(events)
-        if self._gatherer == threading.get_ident():
+        if getattr(self._here, "gathering", False):
             return
         if self._lock.acquire(blocking=False):
             try:
@@ -69,11 +69,11 @@ class EventLoop:
         """What this thread posts with :meth:`post_here` meanwhile runs as one batch on the
         way out, here, after the events another thread is running (whose events must
         never wait on this one: they do no blocking I/O)."""
-        self._gatherer = threading.get_ident()
+        self._here.gathering = True
         try:
             yield
         finally:
-            self._gatherer = None
+            self._here.gathering = False
             if self._queue and not self._stopped:
                 with self._lock:
                     self._drain()
