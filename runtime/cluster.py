@@ -50,6 +50,7 @@ from clamor.runtime.observe.observer import ObserverServicer
 from clamor.runtime.paging import memory
 from clamor.runtime.paging.pager import MAX_WORKERS, WORKER_LIMIT_REASON, DriverPager
 from clamor.runtime.paging.paging_api import DriverPaging
+from clamor.runtime.paging.read_sets import ReadSet
 from clamor.runtime.scheduling.executor import Executor
 from clamor.runtime.scheduling.throttle import Throttle
 from clamor.runtime.stage import PartitionKey, StageSpec, TaskSpec
@@ -142,7 +143,11 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
     without copying them, others fetch over TCP; ``"shm"``: map, on any host;
     ``"shm-copy"``: copy each page from shared memory into a private cache, as
     before zero copy; ``"tcp"``), ``replication`` (redirect requests for held
-    pages to peers), ``readahead`` (batch sequential faults). ``paging``: replaces the
+    pages to peers), ``readahead`` (batch sequential faults), ``read_sets``
+    (``"resident"``: workers keep pages mapped across tasks and a task's read set is every
+    page its worker has resident at its epoch, so a repeated stage faults nothing;
+    ``"exact"``: every task starts unmapped and records just the pages it touches, at a
+    fault per page per task; docs/paging.md). ``paging``: replaces the
     arena pager (tests use the no-op one). ``timeout``: seconds to wait for all workers to be
     ready. ``log_dir``: where worker logs go (default: the driver's stdout/stderr).
     Stragglers (DESIGN 6): with ``speculation``, a task running longer than
@@ -168,6 +173,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         transport: str = "auto",
         replication: bool = True,
         readahead: bool = True,
+        read_sets: str = "resident",
         paging: DriverPaging | None = None,
         timeout: float = 60.0,
         log_dir: str | None = None,
@@ -207,6 +213,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             transport=transport,
             replication=replication,
             readahead=readahead,
+            read_sets=read_sets,
         )
         self._cond = threading.Condition()
         self._workers: dict[int, Worker] = {}
@@ -359,8 +366,10 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         return self._executor.last_epoch
 
     @property
-    def last_read_sets(self) -> list[list[tuple[int, int]]]:
-        """The ``(page, version)`` read set of each task of the last stage, in index order."""
+    def last_read_sets(self) -> list[ReadSet]:
+        """The ``(page, version)`` read set of each task of the last stage, in index order:
+        with ``read_sets="resident"`` (the default) every page its worker had mapped at
+        the task's epoch, a superset of what it touched; with ``"exact"``, just those."""
         return self._executor.last_read_sets
 
     def fetch(self, key: PartitionKey) -> Any:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Protocol
 
 #: Names a partition held by a worker (or by the driver, see :data:`DRIVER`).
@@ -169,5 +169,6 @@ class StageRunner(Protocol):
 
     #: The arena epoch the last successful stage read (its own, or the replayed one).
     last_epoch: int
-    #: Per task of the last successful stage, in index order: its ``(page, version)`` read set.
-    last_read_sets: list[list[tuple[int, int]]]
+    #: Per task of the last successful stage, in index order: its ``(page, version)`` read set
+    #: (a sequence of pairs sorted by page; a ReadSet on a cluster).
+    last_read_sets: list[Sequence[tuple[int, int]]]

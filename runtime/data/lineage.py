@@ -59,7 +59,7 @@ class TaskRun:
     ``payload``: the stage program as pickled for the original run (shared by the
     stage's tasks); ``index``, ``inputs``, ``output``: its :class:`TaskSpec`;
     ``epoch``: the arena epoch it read; ``read_set``: the ``(page, version)``
-    pairs it read (empty in-process); ``parents``: the runs that produced those
+    pairs it read (a :class:`~clamor.runtime.paging.read_sets.ReadSet`, empty in-process); ``parents``: the runs that produced those
     of its inputs that have lineage; ``recomputed``: how often it ran again.
     """
 
@@ -69,7 +69,7 @@ class TaskRun:
     inputs: tuple[PartitionKey, ...]
     output: PartitionKey | None
     epoch: int
-    read_set: tuple[tuple[int, int], ...]
+    read_set: Sequence[tuple[int, int]]
     parents: dict[PartitionKey, TaskRun]
     recomputed: int = 0
     #: The keys it made (their records may be forgotten since).
@@ -358,6 +358,8 @@ def _redo(runner: StageRunner, epoch: int, group: list[_Todo], counters: Counter
 
 def _stale(original: Sequence[tuple[int, int]], again: Sequence[tuple[int, int]]) -> bool:
     """Whether a page read both times was read at different versions."""
+    if original == again:  # ReadSets compare as runs: no pair per page
+        return False
     before = dict(original)
     return any(before.get(page, version) != version for page, version in again)
 
@@ -391,7 +393,7 @@ class LineageNode:
     state: str
     holder: int | None = None
     epoch: int | None = None
-    read_set: tuple[tuple[int, int], ...] = ()
+    read_set: Sequence[tuple[int, int]] = ()
 
     @property
     def id(self) -> str:

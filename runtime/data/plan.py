@@ -462,7 +462,7 @@ class Job:
             if not outputs:
                 continue
             parents = {key: run for key in task.inputs if (run := lineage.producer(key)) is not None}
-            read_set = tuple(map(tuple, read_sets[k])) if k < len(read_sets) else ()
+            read_set = read_sets[k] if k < len(read_sets) else ()  # a ReadSet: immutable, shared
             run = TaskRun(label, payload, task.index, task.inputs, task.output, epoch, read_set,
                           parents, runner=owner)  # fmt: skip
             for out in outputs:

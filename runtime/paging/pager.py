@@ -16,12 +16,14 @@ from typing import Any
 import numpy as np
 from clamor.runtime.credentials import TLSMaterial
 from clamor.runtime.errors import ClamorError
-from clamor.runtime.paging import arena
+from clamor.runtime.paging import arena, read_sets
 from clamor.runtime.paging.native import _native
 
 ffi, lib = _native.ffi, _native.lib
 
 TRANSPORTS = ("auto", "shm", "shm-copy", "tcp")
+#: How workers record read sets (docs/paging.md, "Read sets").
+READ_SET_MODES = ("resident", "exact")
 _ERRLEN = 512
 MIN_CACHE_PAGES = 4  # a non-zero page-cache budget is never below this many pages
 OS_PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -90,10 +92,13 @@ class DriverPager:
         transport: str = "auto",
         replication: bool = True,
         readahead: bool = True,
+        read_sets: str = "resident",
         tls: TLSMaterial | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        if read_sets not in READ_SET_MODES:
+            raise ValueError(f"read_sets must be one of {READ_SET_MODES}, not {read_sets!r}")
         if not token:
             raise ValueError("the page protocol needs a non-empty cluster token")
         if lib.clamor_driver_port() >= 0:
@@ -106,6 +111,7 @@ class DriverPager:
         self.arena_size = int(lib.clamor_arena_size())
         self.host, self.transport = host, transport
         self.readahead = readahead
+        self.read_sets = read_sets
         self._token = bytes(token)
         self.tls = tls
         pem, _keep = _tls_pem(tls)
@@ -132,6 +138,7 @@ class DriverPager:
             "driver_page_port": self.port,
             "bind_host": host,
             "readahead": self.readahead,
+            "read_sets": self.read_sets,
         }
         if self.tls is not None:  # the config travels over the (then TLS) control plane
             config["page_tls"] = self.tls.to_json()
@@ -284,10 +291,6 @@ class DriverPager:
         return ffi.buffer(out)[:]
 
 
-_NO_PAGES, _NO_VERSIONS = np.zeros(0, np.uint64), np.zeros(0, np.uint32)
-_NO_PAGES.flags.writeable = _NO_VERSIONS.flags.writeable = False
-
-
 class WorkerPager:
     """A worker's pager: the read-only arena range, its fault handler and page server."""
 
@@ -320,6 +323,8 @@ class WorkerPager:
         self.tls = tls is not None
         self.cache_limit_pages = cache_limit_pages(int(config.get("page_cache_bytes") or 0), self.page_size)
         lib.clamor_worker_set_cache_limit(self.cache_limit_pages)
+        lib.clamor_worker_set_exact_read_sets(int(config.get("read_sets", "resident") == "exact"))
+        self._read_set: tuple[int, bytes] = (0, b"")  # (generation, runs) of the last end_task
         base = lib.clamor_worker_base()
         view = np.frombuffer(ffi.buffer(base, self.arena_size), dtype=np.uint8)
         view.flags.writeable = False
@@ -339,17 +344,28 @@ class WorkerPager:
     def begin_task(self, epoch: int) -> None:
         lib.clamor_worker_begin_task(epoch)
 
-    def end_task(self) -> tuple[np.ndarray, np.ndarray]:
-        """The task's read set: its pages (uint64, sorted) and the version read of each (uint32)."""
+    def end_task(self) -> bytes:
+        """The task's read set, packed as runs (:mod:`~clamor.runtime.paging.read_sets`).
+
+        In resident mode it is the same from task to task until a page is mapped or
+        invalidated, so it is read and packed again only when its generation changed."""
+        generation = int(lib.clamor_worker_read_set_generation())
+        if generation and generation == self._read_set[0]:
+            return self._read_set[1]
         n = int(lib.clamor_worker_end_task(ffi.NULL, ffi.NULL, 0))
         if n == 0:  # a task that read no arena page (~20 µs saved on tiny tasks)
-            return _NO_PAGES, _NO_VERSIONS
-        pages, versions = ffi.new("uint64_t[]", max(n, 1)), ffi.new("uint32_t[]", max(n, 1))
-        n = min(n, int(lib.clamor_worker_end_task(pages, versions, n)))
-        p = np.frombuffer(ffi.buffer(pages, 8 * n), dtype=np.uint64)
-        v = np.frombuffer(ffi.buffer(versions, 4 * n), dtype=np.uint32)
-        order = np.argsort(p, kind="stable")
-        return p[order], v[order]
+            runs = b""
+        else:
+            pages, versions = ffi.new("uint64_t[]", n), ffi.new("uint32_t[]", n)
+            n = min(n, int(lib.clamor_worker_end_task(pages, versions, n)))
+            p = np.frombuffer(ffi.buffer(pages, 8 * n), dtype=np.uint64)
+            v = np.frombuffer(ffi.buffer(versions, 4 * n), dtype=np.uint32)
+            if not generation:  # exact mode: in the order first touched
+                order = np.argsort(p, kind="stable")
+                p, v = p[order], v[order]
+            runs = read_sets.encode(p, v)
+        self._read_set = (generation, runs)
+        return runs
 
     def invalidate(self, epoch: int, pages: list[int]) -> None:
         buf = ffi.new("uint64_t[]", list(pages) or [0])

@@ -11,7 +11,7 @@ Stage protocol, as run by :meth:`clamor.runtime.cluster.Cluster.run_stage`::
     each task on its worker:
         worker_paging.begin_task(task_epoch)           # task_epoch = epoch, or older on replay
         ... run the task ...
-        pages, versions = worker_paging.end_task()      # the read set, sorted by page
+        runs = worker_paging.end_task()                 # the read set, packed (read_sets.py)
     driver_paging.end_stage()                          # always, even on failure
 """
 
@@ -36,8 +36,9 @@ class WorkerPaging(Protocol):
         """A task starts; it must read the arena as of ``epoch``."""
         ...
 
-    def end_task(self) -> tuple[np.ndarray, np.ndarray]:
-        """The task ended; return the pages it read (uint64, sorted) and their versions (uint32)."""
+    def end_task(self) -> bytes:
+        """The task ended; return its read set as :func:`~clamor.runtime.paging.read_sets.encode`
+        packs it: runs of ``(first page, count, version)`` (may be a superset of what it touched)."""
         ...
 
     def invalidate(self, epoch: int, pages: list[int]) -> None:
@@ -121,8 +122,8 @@ class NullWorkerPaging:
     def begin_task(self, epoch: int) -> None:
         pass
 
-    def end_task(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.empty(0, np.uint64), np.empty(0, np.uint32)
+    def end_task(self) -> bytes:
+        return b""
 
     def invalidate(self, epoch: int, pages: list[int]) -> None:
         pass

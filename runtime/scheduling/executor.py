@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
 from clamor.runtime.data import accumulators
 from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
 from clamor.runtime.net import shipping
@@ -39,6 +38,7 @@ from clamor.runtime.net.shipping import decode_exception
 from clamor.runtime.net.task_stream import DriverLink
 from clamor.runtime.observe.telemetry import Telemetry
 from clamor.runtime.paging.paging_api import DriverPaging
+from clamor.runtime.paging.read_sets import ReadSet, ReadSetCache
 from clamor.runtime.scheduling import fusion
 from clamor.runtime.scheduling.events import Event, EventLoop
 from clamor.runtime.scheduling.fusion import FusionPolicy
@@ -150,7 +150,9 @@ class Executor:
         self._closed = False
         self.stages_run = 0
         self.tasks_run = 0
-        self.last_read_sets: list[list[tuple[int, int]]] = []
+        #: The last stage's read sets, one per task (fused tasks share their attempt's).
+        self.last_read_sets: list[ReadSet] = []
+        self._read_sets = ReadSetCache()  # equal reports (a worker's resident pages) decode once
         self.last_epoch = 0
         self._events = EventLoop(self._run_batch)
 
@@ -284,8 +286,7 @@ class Executor:
             events.append(lambda s: s.partitions_moved(worker, moves))
         self._events.post_here(events)
 
-    @staticmethod
-    def _decode_result(worker: int, report: pb.TaskReport) -> TaskResult:
+    def _decode_result(self, worker: int, report: pb.TaskReport) -> TaskResult:
         if report.value_key:
             value: Any = _Kept(worker, decode_key(report.value_key))
         else:
@@ -297,9 +298,7 @@ class Executor:
             value=value,
             outputs={decode_key(o.key): o.nbytes for o in report.outputs} if report.outputs else {},
             accumulator_updates=report.accumulators or {},
-            read_set=tuple(zip(np.frombuffer(report.read_pages, "<u8").tolist(),
-                               np.frombuffer(report.read_versions, "<u4").tolist()))
-                     if report.read_pages else (),
+            read_set=self._read_sets.get(report.read_runs),
             duration=report.duration,
         )
 
@@ -425,7 +424,7 @@ class Executor:
                 self._release(stage, epoch)
         counts = [c for _, c in run.chunks] or [1] * len(results)
         self.fusion.learn(key, [r.duration for r in results], counts)
-        self.last_read_sets = [list(r.read_set) for r, c in zip(results, counts) for _ in range(c)]
+        self.last_read_sets = [r.read_set for r, c in zip(results, counts) for _ in range(c)]
         self.last_epoch = run.epoch
         if run.chunks:
             values = [v for r, c in zip(results, counts) for v in (self._value(r) or [None] * c)]

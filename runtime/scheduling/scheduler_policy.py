@@ -13,7 +13,7 @@ import bisect
 import dataclasses
 import heapq
 import math
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from clamor.runtime.stage import DRIVER, PartitionKey, TaskSpec
@@ -66,7 +66,7 @@ class TaskResult:
     value: Any = None
     outputs: dict[PartitionKey, int] = dataclasses.field(default_factory=dict)
     accumulator_updates: dict = dataclasses.field(default_factory=dict)
-    read_set: tuple = ()
+    read_set: Sequence[tuple[int, int]] = ()  # a ReadSet (runtime/paging/read_sets.py)
     duration: float = 0.0
 
 

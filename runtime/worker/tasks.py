@@ -306,7 +306,7 @@ class WorkerExecutor:
 
         ctx = TaskContext(a.index, tuple(locations), fetch, self._store.put)
         contexts = [ctx]  # a fused attempt's: those of the tasks that ran (or raised), in order
-        read_set: tuple[np.ndarray, np.ndarray] | None = None
+        read_set: bytes | None = None
         try:
             self.paging.begin_task(item.epoch)
             try:
@@ -335,9 +335,8 @@ class WorkerExecutor:
         report.outputs.extend(
             pb.PartitionInfo(key=encode_key(k), nbytes=n) for k, n in _outputs(contexts).items()
         )
-        if read_set is not None:
-            report.read_pages = read_set[0].astype("<u8", copy=False).tobytes()
-            report.read_versions = read_set[1].astype("<u4", copy=False).tobytes()
+        if read_set:
+            report.read_runs = read_set
         report.duration = time.perf_counter() - start
         return report
 

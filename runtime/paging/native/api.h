@@ -171,6 +171,8 @@ typedef struct {
     uint64_t prefetch_requests; /* GET requests prefetch sent (runs of pages batched, pipelined) */
     uint64_t pending_waits;     /* peer requests this page server held until its own copy arrived */
     uint64_t pending_timeouts;  /* ... of which it answered NOT_HELD after the bounded wait */
+    uint64_t faultaround_pages; /* pages mapped with a faulting neighbour in its aligned block, without a fault of their own */
+    uint64_t unmap_all;         /* task starts that unmapped the whole range (exact read sets, or an epoch its mappings do not serve) */
 } clamor_worker_stats;
 
 int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,
@@ -181,8 +183,17 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,
                         const clamor_tls_pem *tls, char *err, size_t errlen);
 void *clamor_worker_base(void);
 int clamor_worker_port(void);
+/* Read sets (worker_pager.c): exact (each task starts with the range unmapped and records
+ * the pages it faults) or resident (the default: mappings stay across tasks while their
+ * versions serve the task's epoch, and a task's read set is every page resident since). */
+void clamor_worker_set_exact_read_sets(int exact);
 void clamor_worker_begin_task(uint32_t epoch);
+/* The running (or last) task's read set, sorted by page in resident mode: fills up to `cap`
+ * pairs and returns how many there are. */
 uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t cap);
+/* Resident mode: a number that changes whenever the resident read set does (0 in exact
+ * mode), so that an unchanged set need not be read and encoded again. */
+uint64_t clamor_worker_read_set_generation(void);
 void clamor_worker_invalidate(uint32_t epoch, const uint64_t *pages, uint64_t n);
 void clamor_worker_get_stats(clamor_worker_stats *out);
 int clamor_worker_touch(uint64_t offset, uint64_t length);

@@ -14,7 +14,8 @@
  * running stage, the write handler marks it dirty and has every same-host worker
  * that maps it unmap it (shoot_down; the protocol is in pager_common.h), so a
  * running task goes on reading the sealed version, now from the version log.
- * Between stages nothing is shot down: every task unmaps all pages when it starts.
+ * Between stages nothing is shot down: the next stage starts by invalidating every
+ * written page on the same-host workers, which keep their mappings across tasks.
  *
  * Directory: which workers hold (or are being sent) the current version of each
  * page. A GET for a page that some other worker holds is answered with REDIRECT to

@@ -131,9 +131,10 @@ static void first_write(uint64_t p) {
         D.log[p] = e;
         D.flags[p] |= FL_DIRTY;
         atomic_store_explicit(&D.state[p], ((uint64_t)D.version[p] << 1) | 1, memory_order_release);
-        /* Between stages no task is reading: each task unmaps everything when it starts
-         * (begin_task), so only a write during a running stage needs the shoot-down. The
-         * stage lock held here orders this test with begin_stage. */
+        /* Between stages no task is reading: the pages written are invalidated on the
+         * workers before the next stage's tasks run (begin_stage lists them), so only a
+         * write during a running stage needs the shoot-down. The stage lock held here
+         * orders this test with begin_stage. */
         if (__atomic_load_n(&D.st.stage_running, __ATOMIC_ACQUIRE)) shoot_down(p);
         ADD(cow_copies, 1);
         ADD(version_log_bytes, D.ps);
@@ -268,13 +269,17 @@ static uint32_t begin_stage(void) {
         p = q;
     }
     D.ninval = 0;
+    /* Workers that copy pages are told of the written pages they hold (the directory);
+     * same-host workers keep pages mapped in place across stages, which show the new
+     * bytes under the old version, so they are told of every written page. */
+    const int same_host = D.zap && cl_zap_slots(D.zap) > 0;
     for (uint64_t p = 0; p < hw; p++) {
         if (!written(p)) continue;
         pthread_mutex_t *m = cl_stripe(&D.stripes, p);
         pthread_mutex_lock(m);
         if (D.flags[p] & FL_WRITTEN) ADD(pages_written, 1);
         if ((D.flags[p] & FL_DIRTY) && D.log[p]) D.log[p]->valid_until = E - 1;
-        if (cl_dir_count(&D.dir, p)) {
+        if (cl_dir_count(&D.dir, p) || (same_host && D.version[p])) { /* a page never sealed was never mapped */
             if (D.ninval == D.inval_cap) {
                 D.inval_cap = D.inval_cap ? 2 * D.inval_cap : 1024;
                 D.inval = realloc(D.inval, D.inval_cap * sizeof *D.inval);

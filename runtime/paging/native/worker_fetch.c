@@ -236,7 +236,7 @@ static int take_page(int fd, const cl_msg *m, uint64_t p, int mode) {
     if (mode == FETCH_READAHEAD) {
         ADD(readahead_pages, 1);
     } else {
-        record(p, m->epoch);
+        record(p, m->epoch, m->aux);
         map_cached(p);
         if (mode == FETCH_PREFETCH) ADD(prefetched_pages, 1);
         else ADD(faults, 1), ADD(pipelined_faults, 1);
@@ -380,7 +380,7 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
             ADD(prefetched_pages, 1), done++;
         } else if (cached_for(p, E, &v, &hi) == 1) {
             referenced(p);
-            record(p, v);
+            record(p, v, hi);
             map_cached(p);
             done++;
         } else if (!limit || m < limit / 2) { /* never more than the cache keeps */

@@ -4,9 +4,18 @@
  * registered with userfaultfd for MISSING and MINOR faults; fetched pages
  * are written into the memfd itself. A touch of a page that is not cached raises a MISSING fault: the
  * handler thread here (native, never the GIL) fetches (page, epoch) and maps
- * it with UFFDIO_CONTINUE. At task start every mapping is zapped while the
- * cache stays, so the first touch of a cached page raises a cheap MINOR
- * fault: that is how the per-task read set is recorded exactly.
+ * it with UFFDIO_CONTINUE.
+ *
+ * Read sets. Resident mode (the default): mappings stay across tasks and stages
+ * while their versions serve the task's epoch, so a repeated stage faults no more
+ * than plain shared memory; pages the driver wrote are unmapped page by page before
+ * the next stage (clamor_worker_invalidate), and a write during a stage is shot
+ * down. A task's read set is the resident set: every page mapped since the range
+ * was last unmapped whole, at its version, a superset of what the task touched. A
+ * fault maps its aligned FAULT_AROUND_BYTES block of current pages at once
+ * (fault-around), so a dense first pass faults once a block. Exact mode: at task
+ * start every mapping is zapped while the cache stays, so the first touch of a
+ * cached page raises a cheap MINOR fault: the per-task read set is recorded exactly.
  *
  * Pages enter the cache through the file, never through a mapping: writing
  * through a mapping traps once per 4 KiB to allocate and map, which costs
@@ -118,18 +127,39 @@ void make_room(uint64_t keep) {
     }
 }
 
-void record(uint64_t p, uint32_t v) {
+void record(uint64_t p, uint32_t v, uint32_t hi) {
     uint32_t seq = atomic_load(&W.task_seq);
-    if (W.readmark[p] == seq) return;
+    if (W.readmark[p] == seq && (W.exact || W.res_ver1[p] == v + 1)) return;
     W.readmark[p] = seq;
     pthread_mutex_lock(&W.rs_lock);
-    if (W.rs_n == W.rs_cap) {
-        W.rs_cap = W.rs_cap ? 2 * W.rs_cap : 1024;
-        W.rs_pages = realloc(W.rs_pages, W.rs_cap * sizeof *W.rs_pages);
-        W.rs_vers = realloc(W.rs_vers, W.rs_cap * sizeof *W.rs_vers);
+    if (!W.exact) {
+        if (W.res_ver1[p] != v + 1) {
+            W.res_n += !W.res_ver1[p];
+            W.res_ver1[p] = v + 1;
+            W.res_gen++;
+        }
+        if (v > W.res_lo) W.res_lo = v;
+        if (hi < W.res_hi) W.res_hi = hi;
+    } else {
+        if (W.rs_n == W.rs_cap) {
+            W.rs_cap = W.rs_cap ? 2 * W.rs_cap : 1024;
+            W.rs_pages = realloc(W.rs_pages, W.rs_cap * sizeof *W.rs_pages);
+            W.rs_vers = realloc(W.rs_vers, W.rs_cap * sizeof *W.rs_vers);
+        }
+        W.rs_pages[W.rs_n] = p;
+        W.rs_vers[W.rs_n++] = v;
     }
-    W.rs_pages[W.rs_n] = p;
-    W.rs_vers[W.rs_n++] = v;
+    pthread_mutex_unlock(&W.rs_lock);
+}
+
+/* Resident mode: page p leaves the resident set (its version is no longer current). */
+static void unrecord(uint64_t p) {
+    pthread_mutex_lock(&W.rs_lock);
+    if (W.res_ver1[p]) {
+        W.res_ver1[p] = 0;
+        W.res_n--;
+        W.res_gen++;
+    }
     pthread_mutex_unlock(&W.rs_lock);
 }
 
@@ -191,41 +221,91 @@ static int remap(uint64_t p, int fd) {
     return ioctl(W.uffd, UFFDIO_REGISTER, &r);
 }
 
-/* Maps the driver's own page p for a task at epoch E if the driver's bytes are
- * the version E reads. 0: mapped (and recorded); -1: the caller copies instead.
- * `at`: the faulting address, or 0 for the whole page (prefetch). A task's first
- * fault on a page larger than the OS page maps just the OS page around `at`: a
- * sparse lookup then installs one page-table entry, not 64 (256 KiB pages); a second
- * fault on the page, or a first one right after a fault on the page before it (a
- * scan), maps all of it. `len` > 0: map exactly the OS pages of
- * [at, at + len) (a prefetch that knows which bytes the task reads). */
+/* Claims page q for mapping in place at epoch E: sets q's bit in our shared bitmap
+ * *before* reading its state (pager_common.h), then returns the version the driver's
+ * bytes hold if that is the one E reads, else 0 with the bit cleared. A page that was
+ * mapped already (its bit set) and is no longer current is unmapped here: clearing its
+ * bit alone would let a shoot-down in flight skip it. map_lock held. */
+static uint32_t claim_direct(uint64_t q, uint32_t E) {
+    const uint64_t bit = 1ull << (q & 63);
+    uint64_t before = atomic_fetch_or(&W.mapped[q >> 6], bit);
+    uint64_t s = atomic_load(&W.shm_state[q]);
+    if (!(s & 1) && (s >> 1) && (s >> 1) <= E) return (uint32_t)(s >> 1);
+    if (before & bit) madvise(W.ro + q * W.ps, W.ps, MADV_DONTNEED);
+    atomic_fetch_and(&W.mapped[q >> 6], ~bit);
+    return 0;
+}
+
+/* Page q, claimed at version v, is recorded and counted: before the mapping wakes the
+ * task, which may then end and report at once. */
+static void count_direct(uint64_t q, uint32_t v, int first) {
+    record(q, v, CL_OPEN_ENDED);
+    mark_touched(q);
+    if (first) atomic_fetch_add_explicit(&W.maps[q], 1, memory_order_relaxed); /* hotness */
+    if (W.mapped_ver1[q] != v + 1) { /* a version mapped for the first time, like a fetch */
+        W.mapped_ver1[q] = v + 1;
+        atomic_fetch_add_explicit(&W.zap->maps, 1, memory_order_relaxed);
+        ADD(pages_mapped, 1);
+    } else {
+        ADD(soft_faults, 1);
+    }
+}
+
+/* Fault-around (resident mode): maps page p, claimed at epoch E, together with the other
+ * pages of its aligned FAULT_AROUND_BYTES block that are current for E and not mapped
+ * yet, in one UFFDIO_CONTINUE per run of such pages: a dense first pass faults once a
+ * block, not once a page. The neighbours are recorded as read (the read set is resident
+ * pages). 0: p is mapped. map_lock held. */
+static int map_around(uint64_t p, uint32_t E) {
+    uint64_t per = FAULT_AROUND_BYTES / W.ps ? FAULT_AROUND_BYTES / W.ps : 1;
+    uint64_t lo = p - p % per, hi = lo + per < W.npages ? lo + per : W.npages;
+    int ok = -1;
+    for (uint64_t q = lo, start = lo; q <= hi; q++) {
+        int take = 0;
+        if (q == p) {
+            take = 1;
+        } else if (q < hi && !W.private_page[q] && !(atomic_load(&W.mapped[q >> 6]) & (1ull << (q & 63)))) {
+            uint32_t v = claim_direct(q, E);
+            if (v) count_direct(q, v, 0), ADD(faultaround_pages, 1), take = 1; /* not touched: no hotness */
+        }
+        if (take) continue;
+        if (q > start) { /* the run [start, q) */
+            uint64_t a = (uint64_t)(uintptr_t)(W.ro + start * W.ps), b = (uint64_t)(uintptr_t)(W.ro + q * W.ps);
+            int mapped = try_map_range(a, b, 1) == 0;
+            if (start <= p && p < q) ok = mapped ? 0 : -1;
+            if (!mapped)
+                for (uint64_t r = start; r < q; r++) atomic_fetch_and(&W.mapped[r >> 6], ~(1ull << (r & 63)));
+        }
+        start = q + 1;
+    }
+    return ok;
+}
+
+/* Maps the driver's own page p for a task at epoch E if the driver's bytes are the
+ * version E reads. 0: mapped (and recorded); -1: the caller copies instead.
+ * `at`: the faulting address, or 0 for the whole page (prefetch). `len` > 0: map
+ * exactly the OS pages of [at, at + len) (a prefetch that knows which bytes the task
+ * reads). A fault in resident mode maps p's block (map_around). With exact read sets,
+ * where every task unmaps everything first, a task's first fault on a page larger than
+ * the OS page maps just the OS page around `at`: a sparse lookup then installs one
+ * page-table entry, not 64 (256 KiB pages); a second fault on the page, or a first one
+ * right after a fault on the page before it (a scan), maps all of it. */
 int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len) {
-    const uint64_t bit = 1ull << (p & 63);
     int mapped = 0, was_private = 0;
     pthread_mutex_lock(&W.map_lock);
-    atomic_fetch_or(&W.mapped[p >> 6], bit); /* before the state check: see pager_common.h */
-    uint64_t s = atomic_load(&W.shm_state[p]);
-    if (!(s & 1) && (s >> 1) && (s >> 1) <= E) {
+    uint32_t v = claim_direct(p, E);
+    if (v) {
         was_private = W.private_page[p];
         if (!was_private || remap(p, W.shm_fd) == 0) {
             W.private_page[p] = 0;
             const uint64_t os_page = (uint64_t)sysconf(_SC_PAGESIZE);
             int first = W.readmark[p] != atomic_load(&W.task_seq); /* this task's first touch */
-            /* Recorded and counted before the mapping wakes the task, which may then end
-             * and report at once. */
-            uint32_t v = (uint32_t)(s >> 1);
-            record(p, v);
-            if (first) atomic_fetch_add_explicit(&W.maps[p], 1, memory_order_relaxed); /* hotness */
-            if (W.mapped_ver1[p] != v + 1) { /* a version mapped for the first time, like a fetch */
-                W.mapped_ver1[p] = v + 1;
-                atomic_fetch_add_explicit(&W.zap->maps, 1, memory_order_relaxed);
-                ADD(pages_mapped, 1);
-            } else {
-                ADD(soft_faults, 1);
-            }
+            count_direct(p, v, first);
             if (len && !was_private) {
                 uint64_t lo = at & ~(os_page - 1), hi = (at + len + os_page - 1) & ~(os_page - 1);
                 mapped = try_map_range(lo, hi, 1) == 0;
+            } else if (at && !W.exact) {
+                mapped = map_around(p, E) == 0;
             } else if (at && first && !was_private && W.ps > os_page
                        && atomic_exchange(&W.last_direct, p + 1) != p) { /* not a scan */
                 at &= ~(os_page - 1);
@@ -235,8 +315,8 @@ int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len) {
                 mapped = try_map(p, 1) == 0;
             }
         }
+        if (!mapped) atomic_fetch_and(&W.mapped[p >> 6], ~(1ull << (p & 63)));
     }
-    if (!mapped) atomic_fetch_and(&W.mapped[p >> 6], ~bit);
     pthread_mutex_unlock(&W.map_lock);
     if (!mapped) return -1;
     if (was_private) evict(p, 1); /* its copy is no longer what the range shows */
@@ -285,7 +365,29 @@ static void *zap_main(void *arg) {
 /* ------------------------------------------------------- fault handler -- */
 
 
-/* Page p may be mapped from now on: task starts unmap [0, touched). */
+
+/* Fault-around for cached pages (resident mode, a worker that copies pages): maps the
+ * other pages of p's aligned block that are cached for E and not resident yet (pages
+ * read ahead, say), one UFFDIO_CONTINUE per run. */
+static void map_cached_around(uint64_t p, uint32_t E) {
+    uint64_t per = FAULT_AROUND_BYTES / W.ps ? FAULT_AROUND_BYTES / W.ps : 1;
+    uint64_t lo = p - p % per, hi = lo + per < W.npages ? lo + per : W.npages;
+    for (uint64_t q = lo, start = lo; q <= hi; q++) {
+        uint32_t v, until;
+        if (q < hi && q != p && W.res_ver1[q] != W.cver1[q] && cached_for(q, E, &v, &until) == 1) {
+            referenced(q);
+            record(q, v, until);
+            mark_touched(q);
+            ADD(faultaround_pages, 1);
+            continue;
+        }
+        if (q > start)
+            try_map_range((uint64_t)(uintptr_t)(W.ro + start * W.ps), (uint64_t)(uintptr_t)(W.ro + q * W.ps), 0);
+        start = q + 1;
+    }
+}
+
+/* Page p may be mapped from now on: unmap_all unmaps [0, touched). */
 void mark_touched(uint64_t p) {
     uint64_t t = atomic_load(&W.touched);
     while (p + 1 > t && !atomic_compare_exchange_weak(&W.touched, &t, p + 1)) {}
@@ -301,7 +403,8 @@ static int resolve_locally(uint64_t p, uint64_t flags, uint64_t addr) {
     if (state == 1) {
         if (flags & UFFD_PAGEFAULT_FLAG_MINOR) ADD(soft_faults, 1);
         referenced(p);
-        record(p, v);
+        record(p, v, hi);
+        if (!W.exact && !W.zero_copy) map_cached_around(p, E);
         map_cached(p);
         return 1;
     }
@@ -321,7 +424,7 @@ static void resolve_fault(uint64_t p, uint64_t flags, uint64_t addr) {
     install(p, v, hi);
     pending_mark(&p, 1, 0);
     ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
-    record(p, v);
+    record(p, v, hi);
     map_cached(p);
     if (!W.zero_copy) maybe_read_ahead(p, E);
 }
@@ -474,9 +577,11 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
     W.cver1 = calloc(W.npages, sizeof *W.cver1);
     W.cvalid = calloc(W.npages, sizeof *W.cvalid);
     W.readmark = calloc(W.npages, sizeof *W.readmark);
+    W.res_ver1 = calloc(W.npages, sizeof *W.res_ver1);
+    W.res_hi = CL_OPEN_ENDED;
     W.pending = calloc(W.npages, 1);
     W.refbits = calloc((W.npages + 63) / 64, sizeof *W.refbits);
-    if (!W.cver1 || !W.cvalid || !W.readmark || !W.refbits || !W.pending) return CL_ERR("out of memory for the page tables");
+    if (!W.cver1 || !W.cvalid || !W.readmark || !W.res_ver1 || !W.refbits || !W.pending) return CL_ERR("out of memory for the page tables");
     W.buf = malloc(page_size);
     if (!W.buf) return CL_ERR("out of memory for a page buffer");
     memset(W.buf, 0, page_size); /* warm: received pages never fault here */
@@ -510,40 +615,87 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
 void *clamor_worker_base(void) { return W.running ? W.ro : NULL; }
 int clamor_worker_port(void) { return W.running ? cl_server_port(W.server) : -1; }
 
+void clamor_worker_set_exact_read_sets(int exact) { W.exact = exact; }
+
+/* Unmaps the whole range (the cache stays), so that every page faults again: each task
+ * of exact mode, or a task whose epoch the resident pages do not serve. */
+static void unmap_all(void) {
+    uint64_t touched = atomic_load(&W.touched);
+    if (W.zero_copy) pthread_mutex_lock(&W.map_lock);
+    if (touched) madvise(W.ro, touched * W.ps, MADV_DONTNEED);
+    if (W.zero_copy) {
+        for (uint64_t i = 0; i < cl_zap_words(touched); i++) atomic_store(&W.mapped[i], 0);
+        pthread_mutex_unlock(&W.map_lock);
+    }
+    pthread_mutex_lock(&W.rs_lock);
+    if (!W.exact) {
+        memset(W.res_ver1, 0, touched * sizeof *W.res_ver1);
+        W.res_n = 0, W.res_gen++;
+        W.res_lo = 0, W.res_hi = CL_OPEN_ENDED;
+    }
+    pthread_mutex_unlock(&W.rs_lock);
+    ADD(unmap_all, 1);
+}
+
+/* A task at `epoch` starts. Exact mode unmaps everything, so that the task's first touch
+ * of each page faults and is recorded. Resident mode keeps every mapping while the
+ * resident pages serve `epoch` (none newer than it, none valid only before it): the
+ * driver's writes since were invalidated page by page before the stage started
+ * (clamor_worker_invalidate), and a write during the stage is shot down. A replay at an
+ * older epoch, or the first task after one, unmaps everything instead. */
 void clamor_worker_begin_task(uint32_t epoch) {
     atomic_store(&W.epoch, epoch);
     atomic_fetch_add(&W.task_seq, 1);
     atomic_store(&W.last_direct, UINT64_MAX); /* a task's scans are its own */
     pthread_mutex_lock(&W.rs_lock);
     W.rs_n = 0;
+    int keep = !W.exact && W.res_lo <= epoch && epoch <= W.res_hi;
     pthread_mutex_unlock(&W.rs_lock);
-    uint64_t touched = atomic_load(&W.touched);
-    if (W.zero_copy) pthread_mutex_lock(&W.map_lock);
-    if (touched) madvise(W.ro, touched * W.ps, MADV_DONTNEED); /* cache stays; mappings go */
-    if (W.zero_copy) {
-        for (uint64_t i = 0; i < cl_zap_words(touched); i++) atomic_store(&W.mapped[i], 0);
-        pthread_mutex_unlock(&W.map_lock);
-    }
+    if (!keep) unmap_all();
 }
 
 uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t cap) {
     pthread_mutex_lock(&W.rs_lock);
-    uint64_t n = W.rs_n, k = n < cap ? n : cap;
-    if (k) {
+    uint64_t n = W.exact ? W.rs_n : W.res_n, k = n < cap ? n : cap;
+    if (k && W.exact) {
         memcpy(pages, W.rs_pages, k * sizeof *pages);
         memcpy(versions, W.rs_vers, k * sizeof *versions);
+    } else if (k) {
+        uint64_t touched = atomic_load(&W.touched), i = 0;
+        for (uint64_t p = 0; p < touched && i < k; p++)
+            if (W.res_ver1[p]) pages[i] = p, versions[i++] = W.res_ver1[p] - 1;
     }
     pthread_mutex_unlock(&W.rs_lock);
     return n;
 }
 
+uint64_t clamor_worker_read_set_generation(void) {
+    pthread_mutex_lock(&W.rs_lock);
+    uint64_t g = W.exact ? 0 : W.res_gen;
+    pthread_mutex_unlock(&W.rs_lock);
+    return g;
+}
+
+/* The driver wrote these pages since the last stage: their cached copies and their
+ * mappings in place go (they show the new bytes, under an old version), and they leave
+ * the resident set. Runs between attempts, never during one. */
 void clamor_worker_invalidate(uint32_t epoch, const uint64_t *pages, uint64_t n) {
     (void)epoch;
-    for (uint64_t i = 0; i < n; i++)
-        if (pages[i] < W.npages && W.cver1[pages[i]]) {
-            evict(pages[i], 0); /* the driver cleared its holder bits itself */
-            ADD(invalidations, 1);
+    if (W.zero_copy) pthread_mutex_lock(&W.map_lock);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t p = pages[i], bit = 1ull << (p & 63);
+        if (p >= W.npages) continue;
+        int dropped = 0;
+        if (W.zero_copy && (atomic_load(&W.mapped[p >> 6]) & bit)) {
+            madvise(W.ro + p * W.ps, W.ps, MADV_DONTNEED);
+            atomic_fetch_and(&W.mapped[p >> 6], ~bit);
+            dropped = 1;
         }
+        if (W.cver1[p]) dropped |= evict(p, 0); /* the driver cleared its holder bits itself */
+        if (!W.exact) unrecord(p);
+        if (dropped) ADD(invalidations, 1);
+    }
+    if (W.zero_copy) pthread_mutex_unlock(&W.map_lock);
 }
 
 void clamor_worker_set_cache_limit(uint64_t pages) {

@@ -26,6 +26,7 @@
 #define PEER_TIMEOUT_MS 5000
 #define READAHEAD_BYTES (16u << 20)
 #define PREFETCH_WINDOW 32 /* prefetch GETs in flight on the driver connection */
+#define FAULT_AROUND_BYTES (2u << 20) /* resident mode: a fault maps its aligned block of current pages */
 
 typedef struct {
     int running, id;
@@ -49,9 +50,13 @@ typedef struct {
     uint8_t *pending;  /* pages the fetch paths are after right now (worker_pending.c) */
     cl_stripes stripes;
     _Atomic uint32_t epoch, task_seq;
-    pthread_mutex_t rs_lock;
-    uint64_t *rs_pages, rs_n, rs_cap;
+    pthread_mutex_t rs_lock;   /* the read sets below, against end_task */
+    uint64_t *rs_pages, rs_n, rs_cap; /* exact mode: this task's pages, as first touched */
     uint32_t *rs_vers;
+    int exact;                 /* exact read sets: every task starts with the range unmapped */
+    uint32_t *res_ver1;        /* resident mode: version + 1 of each page resident since the last unmap_all */
+    uint64_t res_n, res_gen;   /* how many; bumped at every change */
+    uint32_t res_lo, res_hi;   /* the epochs every resident page serves: [newest version, earliest valid-until] */
     _Atomic uint64_t touched;
     _Atomic uint64_t last_direct; /* zero copy: the page of the last fault mapped in place, + 1 */
     uint64_t *refbits;          /* CLOCK reference bits, one per page */
@@ -92,7 +97,9 @@ int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len);
 uint64_t fetch_missing(const uint64_t *pages, uint64_t n, uint32_t E, int mode);
 void qsort_pages(uint64_t *pages, uint64_t n);
 void mark_touched(uint64_t p);
-void record(uint64_t p, uint32_t v);
+/* Page p is read at version v, which serves epochs up to hi: into the task's read set
+ * (exact mode) or the resident set. */
+void record(uint64_t p, uint32_t v, uint32_t hi);
 void referenced(uint64_t p);
 void tell_dropped(uint64_t p);
 int driver(uint64_t page);

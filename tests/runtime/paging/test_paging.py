@@ -1,11 +1,12 @@
 """Demand paging on real worker processes, at every supported page size and transport.
 
-Workers on the driver's host map exactly the pages a task touches from the
-driver's own memory, without copying them (`shm`, zero copy); otherwise they copy
-exactly those pages into their page cache, from the driver's memfd (`shm-copy`)
-or over TCP (`tcp`). The driver's writes between stages invalidate exactly the
-written pages of the caches, and tasks can read the arena as of an older epoch
-from the version log.
+Workers on the driver's host map the pages a task touches from the driver's own
+memory, without copying them (`shm`, zero copy; a fault maps the current pages of
+its aligned block too); otherwise they copy exactly those pages into their page
+cache, from the driver's memfd (`shm-copy`) or over TCP (`tcp`). A task's read set
+holds every page it read (and the others its worker keeps resident). The driver's
+writes between stages invalidate exactly the written pages, and tasks can read the
+arena as of an older epoch from the version log.
 """
 
 from __future__ import annotations
@@ -92,13 +93,13 @@ def test_sparse_lookups_fetch_only_the_pages_touched(cluster, table):
         idx = lookups(first_elems, per_page, seed, n)
         assert got == pytest.approx(float(value(idx).sum()), rel=1e-12)
         touched = set(np.unique((arena.arena_offset(table) + idx * 8) // ps).tolist())
-        if cluster.zero_copy:  # each page mapped once, none copied
-            assert mapped(cluster)[w] - before_mapped[w] == len(touched)
+        if cluster.zero_copy:  # each page mapped once (with its block's neighbours), none copied
+            assert mapped(cluster)[w] - before_mapped[w] >= len(touched)
             assert fetched(cluster)[w] - before[w] == 0
         else:
             assert fetched(cluster)[w] - before[w] == len(touched) * ps
             assert mapped(cluster)[w] - before_mapped[w] == 0
-        assert {p for p, _ in read_set} == touched
+        assert {p for p, _ in read_set} >= touched  # resident pages: a superset
 
     stats = cluster.page_stats()
     requested = set(np.flatnonzero(stats["requests"]).tolist())
@@ -119,8 +120,8 @@ def test_driver_update_invalidates_exactly_one_page(cluster):
         x[k] = -1.0
         assert cluster.run(lambda a: float(a.sum()), x, worker=0) == total - k - 1.0
         after = cluster.worker_stats()[0]
-        if cluster.zero_copy:  # nothing cached: the written page is read in place
-            assert after["invalidations"] - before["invalidations"] == 0
+        if cluster.zero_copy:  # nothing cached: the written page's mapping goes, it is read in place
+            assert after["invalidations"] - before["invalidations"] == 1
             assert after["pages_fetched"] - before["pages_fetched"] == 0
         else:
             assert after["invalidations"] - before["invalidations"] == 1
@@ -176,7 +177,7 @@ def test_write_during_a_running_stage_never_changes_what_it_reads(cluster):
     assert cluster.run(lambda a: float(a[5]), x, worker=0) == 2.0
 
 
-def test_read_sets_record_cached_pages_too(cluster):
+def test_read_sets_cover_every_page_read_cached_ones_too(cluster):
     ps = cluster.page_size
     x = clamor.array(12 * ps // 8, np.float64)
     per = ps // 8
@@ -186,9 +187,9 @@ def test_read_sets_record_cached_pages_too(cluster):
 
     cluster.run(touch, x, [1, 5, 9], worker=0)
     first = {p for p, _ in cluster.last_read_sets[0]}
-    cluster.run(touch, x, [5], worker=0)  # cached now: a soft fault records it
-    assert {p for p, _ in cluster.last_read_sets[0]} == {page_of(x, 5 * per, ps)}
-    assert first == {page_of(x, p * per, ps) for p in (1, 5, 9)}
+    cluster.run(touch, x, [5], worker=0)  # cached or still mapped now: recorded all the same
+    assert {p for p, _ in cluster.last_read_sets[0]} >= {page_of(x, 5 * per, ps)}
+    assert first >= {page_of(x, p * per, ps) for p in (1, 5, 9)}
 
 
 def test_a_system_call_can_read_pages_not_fetched_yet(cluster):

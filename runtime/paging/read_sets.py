@@ -1,0 +1,134 @@
+"""Read sets: which ``(page, version)`` pairs a task read, as runs of consecutive pages.
+
+A worker that keeps its arena mappings across tasks reports its *resident* read set
+(every page it has mapped at the task's epoch): thousands of pages that fall into a
+few runs of consecutive pages at one version. So a read set travels and is kept as
+runs, 16 bytes each (``TaskReport.read_runs``), and is expanded to pairs only when
+somebody iterates over it. Equal reports decode to one shared :class:`ReadSet`
+(:class:`ReadSetCache`), so a stage of many tasks over the same resident pages costs
+the driver one decode, not one per task.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+#: One run on the wire: first page (uint64), count (uint32), version (uint32), little-endian.
+RUN = np.dtype([("first", "<u8"), ("count", "<u4"), ("version", "<u4")])
+
+
+def encode(pages: np.ndarray, versions: np.ndarray) -> bytes:
+    """Runs of ``pages`` (sorted, unique) with their ``versions``, packed for the wire."""
+    if not len(pages):
+        return b""
+    pages = pages.astype(np.uint64, copy=False)
+    versions = versions.astype(np.uint32, copy=False)
+    breaks = np.flatnonzero((np.diff(pages) != 1) | (np.diff(versions) != 0)) + 1
+    starts = np.concatenate(([0], breaks))
+    runs = np.empty(len(starts), RUN)
+    runs["first"] = pages[starts]
+    runs["count"] = np.diff(np.concatenate((starts, [len(pages)])))
+    runs["version"] = versions[starts]
+    return runs.tobytes()
+
+
+class ReadSet(Sequence):
+    """An immutable read set: a sequence of ``(page, version)`` pairs sorted by page.
+
+    Compares equal to any sequence of the same pairs (``cluster.last_read_sets[0] ==
+    [(0, 1), (3, 1)]``); ``len`` is the number of pages; ``pages()`` and ``versions()``
+    give numpy arrays without building a pair per page.
+    """
+
+    __slots__ = ("_runs", "_len", "_pairs")
+
+    def __init__(self, runs: bytes = b"") -> None:
+        self._runs = np.frombuffer(runs, RUN) if runs else np.empty(0, RUN)
+        self._len = int(self._runs["count"].sum())
+        self._pairs: tuple[tuple[int, int], ...] | None = None
+
+    @classmethod
+    def of(cls, pairs: Sequence[tuple[int, int]]) -> ReadSet:
+        """From ``(page, version)`` pairs (any order)."""
+        ordered = sorted(pairs)
+        return cls(encode(np.array([p for p, _ in ordered], np.uint64),
+                          np.array([v for _, v in ordered], np.uint32)))  # fmt: skip
+
+    @property
+    def runs(self) -> int:
+        """How many runs of consecutive pages at one version it holds."""
+        return len(self._runs)
+
+    def pages(self) -> np.ndarray:
+        """The pages, sorted (uint64)."""
+        counts = self._runs["count"].astype(np.int64)
+        if not len(counts):
+            return np.empty(0, np.uint64)
+        offsets = np.repeat(self._runs["first"].astype(np.int64) - np.cumsum(counts) + counts, counts)
+        return (offsets + np.arange(self._len)).astype(np.uint64)
+
+    def versions(self) -> np.ndarray:
+        """The version read of each page, in page order (uint32)."""
+        return np.repeat(self._runs["version"], self._runs["count"].astype(np.int64))
+
+    def _expanded(self) -> tuple[tuple[int, int], ...]:
+        if self._pairs is None:
+            self._pairs = tuple(zip(self.pages().tolist(), self.versions().tolist()))
+        return self._pairs
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._expanded()[index]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self._expanded())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ReadSet):
+            return self._runs.tobytes() == other._runs.tobytes()
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(other) == self._len and list(self._expanded()) == [tuple(p) for p in other]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._runs.tobytes())
+
+    def __repr__(self) -> str:
+        if self._len <= 8:
+            return f"ReadSet({list(self._expanded())})"
+        lo, hi = int(self._runs["version"].min()), int(self._runs["version"].max())
+        versions = f"version {lo}" if lo == hi else f"versions {lo}..{hi}"
+        return f"ReadSet({self._len} pages in {self.runs} run(s), {versions})"
+
+
+EMPTY = ReadSet()
+
+
+class ReadSetCache:
+    """Decodes reports' runs, handing out one :class:`ReadSet` for equal bytes (LRU;
+    thread-safe: reports are read on several threads)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._sets: OrderedDict[bytes, ReadSet] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, runs: bytes) -> ReadSet:
+        if not runs:
+            return EMPTY
+        with self._lock:
+            found = self._sets.get(runs)
+            if found is not None:
+                self._sets.move_to_end(runs)
+                return found
+            found = self._sets[runs] = ReadSet(runs)
+            if len(self._sets) > self._size:
+                self._sets.popitem(last=False)
+            return found
