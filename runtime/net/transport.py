@@ -34,7 +34,8 @@ logger = logging.getLogger("clamor.transport")
 #: 3: the task stream is a TCP connection of its own (Scheduler.Session is gone), and a
 #: task's read set travels packed (TaskReport.read_pages / read_versions).
 #: 4: an Assignment may run several tasks (``count``: a fused attempt of tiny tasks).
-PROTOCOL_VERSION = "4"
+#: 5: a task's read set travels as runs of pages at one version (TaskReport.read_runs).
+PROTOCOL_VERSION = "5"
 TOKEN_METADATA_KEY = "x-clamor-token"
 PROTOCOL_METADATA_KEY = "x-clamor-protocol"
 

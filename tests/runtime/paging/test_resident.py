@@ -1,0 +1,125 @@
+"""Resident read sets: the repeat pass costs what shared memory costs.
+
+Workers keep their arena mappings across tasks and stages for as long as the mapped
+versions are current, on every transport: a stage run again over unchanged pages
+faults nothing. A driver write between stages unmaps just the written page, and the
+next stage reads the new bytes; a replay at an older epoch starts from an empty range.
+A task's read set is every page its worker has resident: a superset of the pages it
+read, checked here against a trace of what each task touched (``read_sets="exact"``
+keeps the per-task read sets of before: test_exact_read_sets.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from clamor.runtime.paging import arena
+from clamor.runtime.paging.read_sets import ReadSet, encode
+
+import clamor
+
+pytestmark = pytest.mark.slow
+
+PAGE = 64 << 10
+PER = PAGE // 8
+PAGES = 96  # 6 MiB: three fault-around blocks of 2 MiB
+COUNTERS = ("faults", "soft_faults", "pages_mapped", "pages_fetched", "unmap_all")
+
+
+@pytest.fixture(scope="module", params=["shm", "shm-copy", "tcp"])
+def cluster(request):
+    with clamor.Cluster(workers=2, page_size=PAGE, transport=request.param) as c:
+        yield c
+
+
+@pytest.fixture
+def table(cluster) -> np.ndarray:
+    x = clamor.array(PAGES * PER, np.int64)
+    x[:] = 7 * np.arange(len(x)) + 3
+    return x  # back to the arena when the test drops it
+
+
+def lookups(a: np.ndarray, seed: int, n: int) -> tuple[int, list[int]]:
+    """Random lookups over all of ``a``: their sum and the indices read (the trace)."""
+    idx = np.random.default_rng(seed).integers(0, len(a), n)
+    return int(a[idx].sum()), idx.tolist()
+
+
+def counters(cluster) -> list[dict[str, int]]:
+    return [{k: w[k] for k in COUNTERS} for w in sorted(cluster.worker_stats(), key=lambda w: w["id"])]
+
+
+def pages_of(a: np.ndarray, indices: list[int]) -> set[int]:
+    return set(((arena.arena_offset(a) + np.asarray(indices) * 8) // PAGE).tolist())
+
+
+def run_lookups(cluster, table, seeds=(1, 2, 3, 4), n=20_000):
+    stage = [(w, lookups, (table, seed, n)) for w, seed in zip((0, 1, 0, 1), seeds)]
+    return cluster.run_stage(stage), cluster.last_read_sets
+
+
+def test_a_repeated_stage_faults_no_page_after_the_first(cluster, table):
+    first, _ = run_lookups(cluster, table)
+    before = counters(cluster)
+    for _ in range(3):
+        again, _ = run_lookups(cluster, table)
+        assert again == first
+    assert counters(cluster) == before  # no fault, fetch, mapping or unmapping since
+
+
+def test_a_read_set_covers_every_page_its_task_read(cluster, table):
+    results, read_sets = run_lookups(cluster, table, seeds=(5, 6, 7, 8))
+    for (total, trace), read_set in zip(results, read_sets):
+        assert total == int((7 * np.asarray(trace) + 3).sum())
+        read = {p for p, _ in read_set}
+        assert pages_of(table, trace) <= read
+        assert all(v >= 1 for _, v in read_set)
+
+
+def test_a_write_between_stages_is_read_by_the_next_stage_and_unmaps_one_page(cluster, table):
+    cluster.run_stage([(0, lookups, (table, 9, 20_000))])
+    before = counters(cluster)[0]
+    k = 40 * PER + 11
+    table[k] = -1
+    page = next(iter(pages_of(table, [k])))
+    value, read_set = cluster.run(lambda a, i: int(a[i]), table, k, worker=0), cluster.last_read_sets[0]
+    assert value == -1
+    assert (page, cluster.last_epoch) in list(read_set)  # the new version, from this stage
+    after = counters(cluster)[0]
+    moved = (after["pages_mapped"] - before["pages_mapped"]) + (after["pages_fetched"] - before["pages_fetched"])
+    assert moved == 1  # only the written page came again
+    assert after["unmap_all"] == before["unmap_all"]
+
+
+def test_a_replay_at_an_older_epoch_reads_old_bytes_then_the_current_stage_new_ones(cluster, table):
+    k = 70 * PER + 5
+    assert cluster.run(lambda a, i: int(a[i]), table, k, worker=1) == 7 * k + 3
+    old = cluster.last_epoch
+    with cluster.keep_versions(old):
+        table[k] = 123
+        assert cluster.run(lambda a, i: int(a[i]), table, k, worker=1) == 123
+        assert cluster.run(lambda a, i: int(a[i]), table, k, worker=1, epoch=old) == 7 * k + 3
+        assert cluster.run(lambda a, i: int(a[i]), table, k, worker=1) == 123
+        total, trace = cluster.run(lookups, table, 10, 5_000, worker=1)  # every page again, current
+    expected = 7 * np.asarray(trace) + 3
+    expected[np.asarray(trace) == k] = 123
+    assert total == int(expected.sum())
+
+
+def test_a_bad_read_set_mode_is_refused():
+    with pytest.raises(ValueError, match="read_sets must be one of"):
+        clamor.Cluster(workers=1, read_sets="everything")
+
+
+def test_read_sets_travel_as_runs_and_compare_as_pairs():
+    pages = np.array([3, 4, 5, 9, 10], np.uint64)
+    versions = np.array([1, 1, 2, 2, 2], np.uint32)
+    runs = encode(pages, versions)
+    assert len(runs) == 3 * 16  # (3..4 @1), (5 @2), (9..10 @2)
+    read_set = ReadSet(runs)
+    assert read_set == [(3, 1), (4, 1), (5, 2), (9, 2), (10, 2)]
+    assert len(read_set) == 5 and read_set.runs == 3
+    assert read_set == ReadSet.of([(10, 2), (3, 1), (9, 2), (5, 2), (4, 1)])
+    assert read_set.pages().tolist() == pages.tolist()
+    assert read_set.versions().tolist() == versions.tolist()
+    assert ReadSet(encode(np.arange(16384, dtype=np.uint64), np.ones(16384, np.uint32))).runs == 1
