@@ -69,11 +69,11 @@ def blocks(page: str) -> list[Block]:
 #: examples do what their comments say, beyond not failing).
 EXPECTED = {
     "user-guide.md": ["[0, 1]", "6", "65536", "536870912", "True False", "True", "100.0", "145.0", "0.0", "1.0",
-                      "[[(0, 2)]]", "100000", "[0, 4, 16, 36, 64]", "5050", "(42, [])", "3", "45.0",
+                      "(0, 2)", "100000", "[0, 4, 16, 36, 64]", "5050", "(42, [])", "3", "45.0",
                       "[100 100 100 100 100 100 100 100 100 100]", "[0. 1. 2.]",
                       "[0.0, 500000.0, 1000000.0, 1500000.0]", "raised in the driver",
                       "True", "True", "1"],
-    "paging.md": ["0.0", "1.0", "[0.0]", "True", "[[(0, 1), (3, 1)]]", "auto True False",
+    "paging.md": ["0.0", "1.0", "[0.0]", "True", "[ReadSet([(0, 1), (3, 1)])]", "32 0", "auto True False",
                   "tcp False True"],
     "deployment.md": ["[True, True]", "['worker-0.log', 'worker-1.log']", "4950"],
 }  # fmt: skip
