@@ -42,7 +42,8 @@ from harness import network
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RESULTS = BENCH / "results"
-WORKLOADS = ("lookups", "streaming", "kdtree", "replication", "spill", "logreg", "kmeans", "overhead", "same_host")
+WORKLOADS = ("lookups", "streaming", "dense", "kdtree", "replication", "spill", "logreg", "kmeans", "overhead",
+             "same_host")
 #: Every script in workloads/, also those the full run leaves to their own make targets.
 ALL_WORKLOADS = tuple(sorted(p.stem for p in (BENCH / "workloads").glob("*.py") if p.stem != "__init__"))
 #: The workloads with a network mode (``--network``), run after all the loopback ones.
