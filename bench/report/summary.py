@@ -23,7 +23,8 @@ from harness.results import RESULTS, median, ratio, spread
 
 #: Workloads in the order the report shows them (others follow, alphabetically).
 ORDER = ("lookups", "lookups-network", "replication", "replication-network", "spill", "streaming",
-         "streaming-network", "kdtree", "kdtree-network", "logreg", "logreg-network", "kmeans", "overhead")
+         "streaming-network", "dense", "dense-16cores", "kdtree", "kdtree-network", "logreg",
+         "logreg-network", "kmeans", "overhead")
 
 
 def human_bytes(n: float | None) -> str:
@@ -147,6 +148,175 @@ def section(result: dict) -> list[str]:
     return lines + [""]
 
 
+# --- dense (issue 29): one table a worker count, first and repeat pass side by side -----
+
+#: The dense workload's systems, in the order its tables show them.
+DENSE_SYSTEMS = ("clamor", "shared memory", "ray", "dask", "numpy")
+#: Clamor's counters that say whether a pass faulted (always shown).
+DENSE_PAGING = ("faults", "soft_faults", "pages_mapped", "subpage_maps")
+
+
+def is_dense(result: dict) -> bool:
+    return result["workload"] == "dense" or result["workload"].startswith("dense-")
+
+
+def _dense_cases(result: dict, workers: int) -> tuple[list[str], str | None]:
+    """The read cases of ``workers`` (without the pass), in order, and the write case."""
+    head, reads, write = f"{workers} workers, ", [], None
+    for c in cases(result):
+        if not c.startswith(head):
+            continue
+        if c.endswith((", first pass", ", repeat pass")):
+            base = c.rsplit(", ", 1)[0]
+            if base not in reads:
+                reads.append(base)
+        else:
+            write = c
+    return reads, write
+
+
+def _dense_row(result: dict, system: str, case: str) -> dict | None:
+    return next((r for r in result["rows"] if r["system"] == system and r["case"] == case), None)
+
+
+def _dense_cell(result: dict, system: str, case: str) -> str:
+    r = _dense_row(result, system, case)
+    if r is None:
+        return "—"
+    if not r["seconds"]:
+        return "n/a"
+    text = human_seconds(median(r["seconds"]))
+    if r.get("put_s") is not None:
+        text += f" (put {human_seconds(r['put_s'])})"
+    q = ratio(result, system, case) if system != "clamor" else None
+    if q is not None:
+        text += f", {q:.2f}×"
+    if r.get("checked") is False:
+        text += " **wrong**"
+    return text
+
+
+def _dense_short(case: str) -> str:
+    """A case without its worker count (``100 %, 4 a worker, first pass``)."""
+    return case.split(", ", 1)[1] if ", " in case else case
+
+
+def dense_plot(result: dict) -> str | None:
+    """Median seconds per case and system, one panel a worker count, into ``<workload>.png``."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    workers = sorted((result.get("params") or {}).get("workers_list") or [])
+    systems = [s for s in DENSE_SYSTEMS if any(r["system"] == s for r in result["rows"])]
+    if not workers or not systems:
+        return None
+    fig, axes = plt.subplots(len(workers), 1, figsize=(10, 3.4 * len(workers)), squeeze=False)
+    width = 0.8 / len(systems)
+    for ax, w in zip(axes[:, 0], workers):
+        reads, write = _dense_cases(result, w)
+        cs = [f"{b}, {run}" for b in reads for run in ("first pass", "repeat pass")] + ([write] if write else [])
+        for j, s in enumerate(systems):
+            ys = []
+            for c in cs:
+                r = _dense_row(result, s, c)
+                ys.append(median(r["seconds"]) if r and r["seconds"] else 0.0)
+            xs = [i + (j - (len(systems) - 1) / 2) * width for i in range(len(cs))]
+            ax.bar(xs, ys, width, label=s)
+        labels = [_dense_short(c).replace(", first pass", "\nfirst").replace(", repeat pass", "\nrepeat")
+                  .replace(" a worker", "/worker") for c in cs]
+        ax.set_xticks(range(len(cs)), labels, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("median seconds")
+        ax.set_title(f"{w} workers", fontsize=9)
+        ax.legend(fontsize=7, ncol=len(systems))
+    m = result.get("machine", {})
+    fig.suptitle(f"{result.get('title', result['workload'])} — {m.get('nproc', '?')} cores "
+                 f"({m.get('hostname', '?')})", fontsize=9)
+    fig.tight_layout()
+    name = f"{result['workload']}.png"
+    fig.savefig(RESULTS / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def dense_section(result: dict) -> list[str]:
+    """The Markdown of the dense workload: per worker count, the systems side by side."""
+    m, p = result.get("machine", {}), result.get("params") or {}
+    lines = [f"## {result.get('title', result['workload'])} (`{result['workload']}`)", ""]
+    versions = ", ".join(f"{k} {v}" for k, v in (p.get("versions") or {}).items() if v)
+    lines.append(
+        f"Run {result.get('date', '?')} at commit `{result.get('commit') or '?'}` on "
+        f"`{m.get('hostname', '?')}`: {m.get('nproc', '?')} cores ({m.get('cpu', '?')}), Linux "
+        f"{m.get('kernel', '?')}, Python {m.get('python', '?')}"
+        + (" — **quick** sizes" if result.get("quick") else "") + f". `{p.get('command', '?')}`"
+        + (f" ({versions})" if versions else "") + ".")
+    lines += ["", (f"A {human_bytes(p.get('table_bytes'))} int64 table in pages of "
+              f"{human_bytes(result.get('page_size'))}; a task does {p.get('lookups', 0):,} random "
+              f"lookups over all of it (100 %) or over 1 % of its pages. First pass: a fresh system, "
+              f"from the table in the driver's memory to the last result, the put, scatter or "
+              f"shared-memory fill included (shown as *put*), the median of {p.get('first_repeat', '?')}; "
+              f"repeat pass: the same stage again, the median of {p.get('repeat', '?')}; write + "
+              f"lookups: one driver write then the 100 % stage, the median of "
+              f"{p.get('iterations', '?')} iterations. Cells: median, and peer ÷ clamor (above 1: "
+              f"Clamor is faster).")]
+    systems = [s for s in DENSE_SYSTEMS if any(r["system"] == s for r in result["rows"])]
+    systems += sorted({r["system"] for r in result["rows"]} - set(systems))
+    if p.get("complete") is False:
+        lines += ["", ("**Incomplete**: the run was stopped before every system had run; "
+                       "what it measured is below.")]
+    for w in sorted(p.get("workers_list") or []):
+        reads, write = _dense_cases(result, w)
+        cols = [f"{b}, {run}" for b in reads for run in ("first pass", "repeat pass")]
+        cols += [write] if write else []
+        lines += ["", f"### {w} workers", "",
+                  "| system | " + " | ".join(_dense_short(c) for c in cols) + " |",
+                  "|---|" + "---:|" * len(cols)]
+        for s in systems:
+            lines.append(f"| {s} | " + " | ".join(_dense_cell(result, s, c) for c in cols) + " |")
+        lines += ["", ("Memory: the growth of the machine's shared memory (`/proc/meminfo` Shmem) over "
+                       "the pass, and the worker processes' summed Pss after it."), "",
+                  "| system | case | Shmem growth, first pass | workers' Pss, first pass | workers' Pss, repeat pass |",
+                  "|---|---|---:|---:|---:|"]
+        for s in systems:
+            for b in reads:
+                f, r = _dense_row(result, s, f"{b}, first pass"), _dense_row(result, s, f"{b}, repeat pass")
+                if not f or not f["seconds"]:
+                    continue
+                lines.append(f"| {s} | {_dense_short(b)} | {human_bytes(f.get('shmem_growth'))} | "
+                             f"{human_bytes(f.get('workers_pss'))} | "
+                             f"{human_bytes(r.get('workers_pss') if r else None)} |")
+        paging = [(c, r["paging"]) for c in cols if (r := _dense_row(result, "clamor", c)) and r.get("paging")]
+        if paging:
+            lines += ["", ("Clamor's paging counters, the change over the pass, summed over the workers "
+                           "(a repeat pass: the largest change of any repetition; `driver.`: the driver's):"), "",
+                      "| case | " + " | ".join(DENSE_PAGING) + " | other counters that changed |",
+                      "|---|" + "---:|" * len(DENSE_PAGING) + "---|"]
+            for c, d in paging:
+                rest = ", ".join(f"{k} {v:,}" for k, v in d.items()
+                                 if k not in DENSE_PAGING and k not in ("tasks_run", "driver.stages_run",
+                                                                         "driver.tasks_run", "driver.epoch"))
+                lines.append(f"| {_dense_short(c)} | " + " | ".join(f"{d.get(k, 0):,}" for k in DENSE_PAGING)
+                             + f" | {rest or '—'} |")
+    notes = [f"- {r['system']}, {r['case']}: {r['note']}" for r in result["rows"] if r.get("note")]
+    if notes:
+        lines += ["", "Notes:", "", *dict.fromkeys(notes)]
+    goals = result.get("goals") or []
+    if goals:
+        lines += ["", "Goals (issue 29; the value is peer ÷ clamor, so 1/1.5 = 0.67 means within 1.5×):", ""]
+        for g in goals:
+            v = g.get("value")
+            state = "**met**" if g.get("met") else "**missed**"
+            lines.append(f"- {g['goal']}: {'—' if v is None else f'{v:.2f}'} (target ≥ {g['target']:.2f}) "
+                         f"{state}" + (f" — {g['why']}" if g.get("why") and not g.get("met") else ""))
+    for name in result.get("plots") or []:
+        lines += ["", f"![{name}]({name})"]
+    return lines + [""]
+
+
 def main() -> None:
     results: dict[str, dict] = {}
     others: list[str] = []
@@ -178,9 +348,9 @@ def main() -> None:
         lines.append("")
     for w in order:
         res = results[w]
-        name = plot(res)
+        name = dense_plot(res) if is_dense(res) else plot(res)
         res["plots"] = [p for p in res.get("plots") or [] if p != name] + ([name] if name else [])
-        lines += [f'<a id="{w}"></a>', "", *section(res)]
+        lines += [f'<a id="{w}"></a>', "", *(dense_section(res) if is_dense(res) else section(res))]
     if others:
         lines += ["## Other reports", ""] + [f"- [{o}]({o})" for o in others] + [""]
     (RESULTS / "REPORT.md").write_text("\n".join(lines))
