@@ -34,7 +34,10 @@ tasks a worker, and
   table into it, and the tasks on a ``multiprocessing`` pool of W processes (made
   before anything is timed) that attach it by name; numpy: one process running every
   task in turn on the table. ``F`` repetitions (1; quick 2), each on a fresh system, the
-  median; the time the put, the scatter or the fill took is recorded (``put_s``);
+  median; the time the put, the scatter or the fill took is recorded (``put_s``). Ray
+  runs one instance per child: its object store keeps the memory a freed object used,
+  so only its first put (the first case's) pays for allocating the pages, as in a
+  session where Ray has run before; a shared-memory block is new memory every time;
 * **repeat pass**: the identical stage again on the same cluster / object, ``R`` times
   (5): the median.
 
