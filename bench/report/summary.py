@@ -265,6 +265,12 @@ def dense_section(result: dict) -> list[str]:
               f"Clamor is faster).")]
     systems = [s for s in DENSE_SYSTEMS if any(r["system"] == s for r in result["rows"])]
     systems += sorted({r["system"] for r in result["rows"]} - set(systems))
+    other = [r["other_cores"] for r in result["rows"] if r.get("other_cores") is not None]
+    if other:
+        busy = sum(o > 0.1 for o in other)
+        lines += ["", (f"Other load (cores busy outside the measured system, per row): up to {max(other):.2f}"
+                       + (f"; {busy} of {len(other)} rows above 0.1, i.e. **perturbed**" if busy else "")
+                       + ".")]
     if p.get("complete") is False:
         lines += ["", ("**Incomplete**: the run was stopped before every system had run; "
                        "what it measured is below.")]
