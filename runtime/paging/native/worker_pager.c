@@ -251,14 +251,18 @@ static void count_direct(uint64_t q, uint32_t v, int first) {
     }
 }
 
-/* Fault-around (resident mode): maps page p, claimed at epoch E, together with the other
- * pages of its aligned FAULT_AROUND_BYTES block that are current for E and not mapped
- * yet, in one UFFDIO_CONTINUE per run of such pages: a dense first pass faults once a
- * block, not once a page. The neighbours are recorded as read (the read set is resident
- * pages). 0: p is mapped. map_lock held. */
+/* Fault-around (resident mode): maps page p, claimed at epoch E, and, once the block is
+ * seen to be read densely (a quarter of its pages, at least 2, resident already), the
+ * other pages of its aligned FAULT_AROUND_BYTES block that are current for E and not
+ * mapped yet, in one UFFDIO_CONTINUE per run of such pages: a dense first pass takes a
+ * few faults a block, not one or two a page, while sparse lookups still map just what
+ * they touch. The neighbours count as mapped and read (the read set is resident pages).
+ * 0: p is mapped. map_lock held. */
 static int map_around(uint64_t p, uint32_t E) {
     uint64_t per = FAULT_AROUND_BYTES / W.ps ? FAULT_AROUND_BYTES / W.ps : 1;
-    uint64_t lo = p - p % per, hi = lo + per < W.npages ? lo + per : W.npages;
+    uint64_t lo = p - p % per, hi = lo + per < W.npages ? lo + per : W.npages, resident = 0;
+    for (uint64_t q = lo; q < hi; q++) resident += q != p && W.res_ver1[q];
+    if (resident < (per / 4 > 2 ? per / 4 : 2)) return try_map(p, 1);
     int ok = -1;
     for (uint64_t q = lo, start = lo; q <= hi; q++) {
         int take = 0;
@@ -266,7 +270,7 @@ static int map_around(uint64_t p, uint32_t E) {
             take = 1;
         } else if (q < hi && !W.private_page[q] && !(atomic_load(&W.mapped[q >> 6]) & (1ull << (q & 63)))) {
             uint32_t v = claim_direct(q, E);
-            if (v) count_direct(q, v, 0), ADD(faultaround_pages, 1), take = 1; /* not touched: no hotness */
+            if (v) count_direct(q, v, 1), ADD(faultaround_pages, 1), take = 1;
         }
         if (take) continue;
         if (q > start) { /* the run [start, q) */

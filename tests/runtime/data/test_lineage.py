@@ -291,4 +291,4 @@ def test_an_arena_dataset_records_epochs_and_read_sets_on_a_cluster():
         for i in range(2):
             node = graph.node(("ds", rows.id, i))
             assert node.epoch == epoch and node.state == "held"
-            assert [p for p, _ in node.read_set] == [first + i]  # the one page the task touched
+            assert first + i in {p for p, _ in node.read_set}  # the page the task touched (and its worker's other resident pages)

@@ -521,6 +521,7 @@ def test_close_leaves_no_child_processes():
 
 RECORDING_PAGING = """
 import numpy as np
+from clamor.runtime.paging.read_sets import encode
 
 
 class RecordingPaging:
@@ -534,8 +535,8 @@ class RecordingPaging:
     def begin_task(self, epoch):
         self.epoch = epoch
 
-    def end_task(self):
-        return np.array([self.worker_id], np.uint64), np.array([self.epoch], np.uint32)
+    def end_task(self):  # the read set, packed as runs
+        return encode(np.array([self.worker_id], np.uint64), np.array([self.epoch], np.uint32))
 
     def invalidate(self, epoch, pages):
         self.invalidated.append((epoch, list(pages)))
