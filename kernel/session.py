@@ -138,6 +138,9 @@ OPTIONS: dict[str, Option] = {
     "transport": Option("auto", _choice("auto", "shm", "tcp"), "how workers fetch pages", True),
     "replication": Option(True, _boolean, "redirect page requests to peers holding the page", True),
     "readahead": Option(True, _boolean, "batch sequential page faults", True),
+    "read_sets": Option("resident", _choice("resident", "exact"), "resident: workers keep pages "
+                        "mapped across tasks (a repeated stage takes no fault); exact: per-task "
+                        "read sets, a fault per page per task", True),
     "speculation": Option(True, _boolean, "speculative copies of straggling tasks", True),
     "speculation_factor": Option(2.0, _number(float, 1, False, "a number >= 1"),
                                  "a task is a straggler after this many times its stage's median", True),
