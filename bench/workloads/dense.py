@@ -5,7 +5,7 @@ numpy process, first pass and repeat pass, side by side in one run.
 
     python bench/run.py dense [--quick] [--workers 2,14] [--table-mib M] [--lookups L]
                               [--tasks-per-worker T] [--repeat R] [--first-repeat F]
-                              [--iterations I] [--only clamor,ray,dask,shm,numpy]
+                              [--iterations I] [--only clamor,ray,dask,shm,numpy,clamor-exact]
                               [--no-single] [--out NAME]
 
 The table: ``M`` MiB of int64 (4096 on a machine of 16+ cores and 64+ GiB, else 2048;
@@ -89,10 +89,10 @@ from peers import OtherLoad, find, fmt_bytes, make_table, markdown
 from workloads.same_host import pss, shmem_bytes
 
 #: In the order they run at each worker count (Dask, the slowest to broadcast, last).
-SYSTEMS = ("clamor", "shm", "ray", "numpy", "dask")
-LABEL = {"shm": "shared memory"}
+SYSTEMS = ("clamor", "shm", "ray", "numpy", "clamor-exact", "dask")
+LABEL = {"shm": "shared memory", "clamor-exact": "clamor, exact read sets (as before)"}
 #: The systems of the write case (Dask would re-scatter W copies of the table each time).
-WRITERS = ("clamor", "ray", "shm", "numpy")
+WRITERS = ("clamor", "ray", "shm", "numpy", "clamor-exact")
 FIRST, REPEAT = "first pass", "repeat pass"
 SEED = 29
 DELTA = 1_000_003
@@ -262,6 +262,8 @@ class System:
 
 class ClamorSystem(System):
     copies = 0
+    #: Cluster(read_sets=...): "exact" re-faults every page a task reads, as before issue 29.
+    read_sets = "resident"
 
     def __init__(self, p: dict) -> None:
         super().__init__(p)
@@ -281,7 +283,8 @@ class ClamorSystem(System):
         if self.cluster is not None:
             self.cluster.close()
         t0 = time.perf_counter()
-        self.cluster = self.clamor.Cluster(workers=self.w, page_size=self.p["page_size"])
+        self.cluster = self.clamor.Cluster(workers=self.w, page_size=self.p["page_size"],
+                                           read_sets=self.read_sets)
         self.ids = self.cluster.workers
         progress(f"  clamor: {len(self.ids)} workers started in {time.perf_counter() - t0:.1f} s")
         self.cluster.run_stage([(i, _warm, (self.small, 0.05)) for i in self.ids])
@@ -500,8 +503,12 @@ class NumpySystem(System):
         return [os.getpid()]
 
 
+class ClamorExactSystem(ClamorSystem):
+    read_sets = "exact"
+
+
 SESSIONS = {"clamor": ClamorSystem, "ray": RaySystem, "dask": DaskSystem, "shm": ShmSystem,
-            "numpy": NumpySystem}  # fmt: skip
+            "numpy": NumpySystem, "clamor-exact": ClamorExactSystem}  # fmt: skip
 
 
 # --- measuring, in the child -------------------------------------------------------------
