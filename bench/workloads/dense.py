@@ -656,11 +656,13 @@ def goals(result: dict) -> list[dict]:
             for run, peer, target, text in (
                 (REPEAT, shm, 1 / 1.5, "within 1.5x of shared memory"),
                 (REPEAT, "ray", 1.0, "no slower than Ray"),
-                (FIRST, shm, 1 / 1.5, "within 1.5x of shared memory"),
-                (FIRST, "ray", 2.0, "at least 2x faster than Ray"),
+                (FIRST, shm, 1 / 1.5, "within 1.5x of shared memory's first touches (its fill not counted)"),
+                (FIRST, "ray", 2.0, "at least 2x faster than Ray end to end"),
             ):
                 case = f"{base}, {run}"
-                value = ratio(result, peer, case)
+                # The limit's first pass is its touches: Clamor's table was made in the arena
+                # before the pass too, so the copy into the SharedMemory block is left out.
+                value = (_touches(result, case) if (run, peer) == (FIRST, shm) else ratio(result, peer, case))
                 why = "" if value is not None else "not measured (see the rows)"
                 out.append(goal(f"{case}: {text} ({peer} ÷ clamor)", value, target, why))
         case = write_case(w)
@@ -671,6 +673,14 @@ def goals(result: dict) -> list[dict]:
         if not g["met"] and not g["why"]:
             g["why"] = _why(result, g["goal"].split(":")[0])
     return out
+
+
+def _touches(result: dict, case: str) -> float | None:
+    """Shared memory's first pass without its fill, over Clamor's (above 1: Clamor faster)."""
+    shm, clamor = find(result["rows"], label("shm"), case), find(result["rows"], "clamor", case)
+    if not shm or not clamor or not shm["seconds"] or not clamor["seconds"] or shm.get("put_s") is None:
+        return None
+    return (median(shm["seconds"]) - shm["put_s"]) / median(clamor["seconds"])
 
 
 def _why(result: dict, case: str) -> str:
