@@ -86,6 +86,7 @@ from harness import child_main, progress, run_child, wait_until_idle
 from harness.machine import package_versions
 from harness.results import goal, median, ratio, row, save, tree_rss
 from peers import OtherLoad, find, fmt_bytes, make_table, markdown
+
 from workloads.same_host import pss, shmem_bytes
 
 #: In the order they run at each worker count (Dask, the slowest to broadcast, last).

@@ -45,7 +45,7 @@ class ReadSet(Sequence):
     give numpy arrays without building a pair per page.
     """
 
-    __slots__ = ("_runs", "_len", "_pairs")
+    __slots__ = ("_len", "_pairs", "_runs")
 
     def __init__(self, runs: bytes = b"") -> None:
         self._runs = np.frombuffer(runs, RUN) if runs else np.empty(0, RUN)

@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-import numpy as np
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.net import shipping
