@@ -135,9 +135,15 @@ def section(result: dict) -> list[str]:
                    f"**{rt:.2f}×**" if rt is not None else "—")
                 + f" | {human_bytes(r.get('bytes_moved'))} | {human_bytes(r.get('peak_worker_rss'))}"
                 + f" | {(r.get('note') or '').replace('|', '/')} |")
+    return lines + _goals_and_plots(result, "Goals:")
+
+
+def _goals_and_plots(result: dict, heading: str) -> list[str]:
+    """A workload section's tail: its goals, met or missed (and why), then its figures."""
+    lines: list[str] = []
     goals = result.get("goals") or []
     if goals:
-        lines += ["", "Goals:", ""]
+        lines += ["", heading, ""]
         for g in goals:
             v = g.get("value")
             state = "**met**" if g.get("met") else "**missed**"
@@ -310,17 +316,8 @@ def dense_section(result: dict) -> list[str]:
     notes = [f"- {r['system']}, {r['case']}: {r['note']}" for r in result["rows"] if r.get("note")]
     if notes:
         lines += ["", "Notes:", "", *dict.fromkeys(notes)]
-    goals = result.get("goals") or []
-    if goals:
-        lines += ["", "Goals (issue 29; the value is peer ÷ clamor, so 1/1.5 = 0.67 means within 1.5×):", ""]
-        for g in goals:
-            v = g.get("value")
-            state = "**met**" if g.get("met") else "**missed**"
-            lines.append(f"- {g['goal']}: {'—' if v is None else f'{v:.2f}'} (target ≥ {g['target']:.2f}) "
-                         f"{state}" + (f" — {g['why']}" if g.get("why") and not g.get("met") else ""))
-    for name in result.get("plots") or []:
-        lines += ["", f"![{name}]({name})"]
-    return lines + [""]
+    return lines + _goals_and_plots(
+        result, "Goals (issue 29; the value is peer ÷ clamor, so 1/1.5 = 0.67 means within 1.5×):")
 
 
 def main() -> None:
