@@ -59,8 +59,9 @@ class TaskRun:
     ``payload``: the stage program as pickled for the original run (shared by the
     stage's tasks); ``index``, ``inputs``, ``output``: its :class:`TaskSpec`;
     ``epoch``: the arena epoch it read; ``read_set``: the ``(page, version)``
-    pairs it read (a :class:`~clamor.runtime.paging.read_sets.ReadSet`, empty in-process); ``parents``: the runs that produced those
-    of its inputs that have lineage; ``recomputed``: how often it ran again.
+    pairs it read (a :class:`~clamor.runtime.paging.read_sets.ReadSet`; empty
+    in-process); ``parents``: the runs that produced those of its inputs that have
+    lineage; ``recomputed``: how often it ran again.
     """
 
     stage: str
