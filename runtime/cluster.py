@@ -198,6 +198,11 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
                     f"clamor.SSHLauncher(hosts), clamor.DaskLauncher(client)), not {launcher!r}"
                 )
             launcher = LocalLauncher()
+        elif not isinstance(launcher, Launcher):
+            raise TypeError(
+                f"launcher must be 'local' or a Launcher instance (e.g. clamor.SSHLauncher(hosts), "
+                f"clamor.DaskLauncher(client)), not {type(launcher).__name__}"
+            )
         self.budgets = memory.Budgets(worker_memory, local_workers=n)
         self.spill = memory.check_spill(spill)
         # made by the first worker that spills to disk, removed at close (killed workers' files too)
@@ -205,63 +210,74 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         self.host = host
         self._credentials = Credentials.generate(tls=tls)
         self._token = self._credentials.token
-        self._paging: DriverPaging = paging if paging is not None else DriverPager(
-            page_size=page_size,
-            token=self._token.encode(),
-            tls=self._credentials.tls,
-            host=host,
-            transport=transport,
-            replication=replication,
-            readahead=readahead,
-            read_sets=read_sets,
-        )
-        self._cond = threading.Condition()
-        self._workers: dict[int, Worker] = {}
-        self._channels: list[grpc.Channel] = []
-        self._next_id = n
-        #: launch key -> [pid, reply or None while being answered]: a worker whose Register
-        #: call timed out on its side retries it, and gets the same id and reply again.
-        self._registrations: dict[str, list] = {}
-        self._closed = False
-        self._publisher: snapshots.Publisher | None = None
-        self._throttle = Throttle()
-        me = weakref.ref(self)  # the executor's thread must not keep the cluster alive
-        self._executor = Executor(
-            self._paging,
-            poll=lambda: (c := me()) and c._refresh(),
-            unreachable=lambda w, why: (c := me()) and c._on_unreachable(w, why),
-            min_ref_bytes=lambda: (c := me()) and (c.page_size or None),
-            version_floor=lambda epoch: c._version_floor(epoch) if (c := me()) else epoch,
-            speculation=speculation,
-            speculation_factor=speculation_factor,
-            fuse=fuse,
-            bulk=None if tls else BulkClient(self._token.encode()),
-        )
-        self._pins: collections.Counter[int] = collections.Counter()
-        store = self._executor.driver_store  # not the cluster: its server must not keep it alive
-        self._bulk = None if tls else BulkServer(self._token.encode(), host, store.lookup)
-        if self._bulk is not None:
-            self._executor.driver_bulk_address = format_address(host, self._bulk.port)
+        # Whatever a failure below leaves started (the pager, threads, listening ports) is
+        # released before the error propagates: a failed constructor leaves the process clean.
+        with contextlib.ExitStack() as undo:
+            self._paging: DriverPaging = paging if paging is not None else DriverPager(
+                page_size=page_size,
+                token=self._token.encode(),
+                tls=self._credentials.tls,
+                host=host,
+                transport=transport,
+                replication=replication,
+                readahead=readahead,
+                read_sets=read_sets,
+            )
+            undo.callback(self._paging.close)
+            self._cond = threading.Condition()
+            self._workers: dict[int, Worker] = {}
+            self._channels: list[grpc.Channel] = []
+            self._next_id = n
+            #: launch key -> [pid, reply or None while being answered]: a worker whose Register
+            #: call timed out on its side retries it, and gets the same id and reply again.
+            self._registrations: dict[str, list] = {}
+            self._closed = False
+            self._publisher: snapshots.Publisher | None = None
+            self._throttle = Throttle()
+            undo.callback(self._throttle.close)
+            me = weakref.ref(self)  # the executor's thread must not keep the cluster alive
+            self._executor = Executor(
+                self._paging,
+                poll=lambda: (c := me()) and c._refresh(),
+                unreachable=lambda w, why: (c := me()) and c._on_unreachable(w, why),
+                min_ref_bytes=lambda: (c := me()) and (c.page_size or None),
+                version_floor=lambda epoch: c._version_floor(epoch) if (c := me()) else epoch,
+                speculation=speculation,
+                speculation_factor=speculation_factor,
+                fuse=fuse,
+                bulk=None if tls else BulkClient(self._token.encode()),
+            )
+            undo.callback(self._executor.join)
+            undo.callback(self._executor.close)
+            self._pins: collections.Counter[int] = collections.Counter()
+            store = self._executor.driver_store  # not the cluster: its server must not keep it alive
+            self._bulk = None if tls else BulkServer(self._token.encode(), host, store.lookup)
+            if self._bulk is not None:
+                undo.callback(self._bulk.close)
+                self._executor.driver_bulk_address = format_address(host, self._bulk.port)
 
-        executor = self._executor  # not the cluster: the stream server must not keep it alive
-        self._streams = TaskStreamServer(self._token.encode(), host, tls=self._credentials.tls,
-                                         link_of=executor.link_of, on_results=executor.task_finished,
-                                         on_end=executor.stream_ended,
-                                         gather=executor.gathering)  # fmt: skip
-        scheduler = SchedulerServicer(self)
-        self._server, self.address = create_server(
-            self._token,
-            [
-                (pb_grpc.add_SchedulerServicer_to_server, scheduler),
-                (pb_grpc.add_ObserverServicer_to_server, ObserverServicer(self)),
-            ],
-            host=host,
-            max_workers=max(8, min(64, n + 4)),
-            tls=self._credentials.tls,
-            control=True,
-        )
-        self._launcher = launcher
-        launcher.bind(self.address, self._credentials, host=host, log_dir=log_dir)
+            executor = self._executor  # not the cluster: the stream server must not keep it alive
+            self._streams = TaskStreamServer(self._token.encode(), host, tls=self._credentials.tls,
+                                             link_of=executor.link_of, on_results=executor.task_finished,
+                                             on_end=executor.stream_ended,
+                                             gather=executor.gathering)  # fmt: skip
+            undo.callback(self._streams.close)
+            scheduler = SchedulerServicer(self)
+            self._server, self.address = create_server(
+                self._token,
+                [
+                    (pb_grpc.add_SchedulerServicer_to_server, scheduler),
+                    (pb_grpc.add_ObserverServicer_to_server, ObserverServicer(self)),
+                ],
+                host=host,
+                max_workers=max(8, min(64, n + 4)),
+                tls=self._credentials.tls,
+                control=True,
+            )
+            undo.callback(self._server.stop, grace=None)
+            self._launcher = launcher
+            launcher.bind(self.address, self._credentials, host=host, log_dir=log_dir)
+            undo.pop_all()  # started: close() and the finalizer own all of it now
         _open_clusters.add(self)
         self._finalizer = weakref.finalize(
             self,
