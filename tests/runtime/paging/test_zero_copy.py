@@ -64,9 +64,10 @@ def test_every_worker_reads_the_whole_table_in_place(cluster):
     sums = cluster.run_stage([(w, lambda t: int(t.sum()), (table,)) for w in cluster.workers])
     assert sums == [int(table.sum())] * len(cluster.workers)
     pages = table.nbytes // PAGE
+    around = 2 * (2 * MiB // PAGE)  # fault-around may map the rest of the 2 MiB blocks at either end
     for w in cluster.worker_stats():
         assert w["pages_fetched"] == before[w["id"]]["pages_fetched"] and w["cached_pages"] == 0
-        assert pages <= w["pages_mapped"] - before[w["id"]]["pages_mapped"] <= pages + 1
+        assert pages <= w["pages_mapped"] - before[w["id"]]["pages_mapped"] <= pages + around
         assert page_cache_bytes(w["pid"]) < MiB  # no copy of the 32 MiB table in any worker
     assert cluster.stats()["bytes_mapped"] >= 2 * table.nbytes
     read_sets = cluster.last_read_sets
