@@ -21,7 +21,6 @@ import logging
 import os
 import resource
 import shutil
-import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -55,6 +54,7 @@ from clamor.runtime.scheduling.executor import Executor
 from clamor.runtime.scheduling.throttle import Throttle
 from clamor.runtime.stage import PartitionKey, StageSpec, TaskSpec
 from clamor.runtime.storage.bulk import BulkClient, BulkServer
+from clamor.runtime.storage.spill import spill_folder, sweep_stale_spill_folders
 
 logger = logging.getLogger("clamor.cluster")
 
@@ -205,8 +205,10 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             )
         self.budgets = memory.Budgets(worker_memory, local_workers=n)
         self.spill = memory.check_spill(spill)
-        # made by the first worker that spills to disk, removed at close (killed workers' files too)
-        self._spill_dir = os.path.join(tempfile.gettempdir(), f"clamor-spill-{os.getpid()}-{id(self):x}")
+        # made by the first worker that spills to disk, removed at close (killed workers' files
+        # too); a SIGKILLed driver's is removed by the next cluster started on this host
+        sweep_stale_spill_folders()
+        self._spill_dir = spill_folder(os.getpid(), f"{id(self):x}")
         self.host = host
         self._credentials = Credentials.generate(tls=tls)
         self._token = self._credentials.token

@@ -53,10 +53,55 @@ logger = logging.getLogger("clamor.spill")
 PeerFinder = Callable[[int], list[tuple[int, str]]]
 
 
+#: The driver's spill folder in the system temp directory: ``clamor-spill-<driver pid>-<id>``.
+SPILL_PREFIX = "clamor-spill-"
+
+
+def spill_folder(driver_pid: int, tag: str) -> str:
+    """Where a cluster's workers on this host spill (made private by the first to spill)."""
+    return os.path.join(tempfile.gettempdir(), f"{SPILL_PREFIX}{driver_pid}-{tag}")
+
+
+def sweep_stale_spill_folders(tmp: str | None = None) -> list[str]:
+    """Remove the spill folders of drivers that are gone (SIGKILLed: nobody closed their
+    clusters); the ones it removed. A folder whose pid lives on is left alone, even if a
+    new process took the pid: a stale folder may stay, a live one is never removed."""
+    tmp = tmp or tempfile.gettempdir()
+    removed = []
+    for name in os.listdir(tmp):
+        pid = name[len(SPILL_PREFIX):].split("-", 1)[0]
+        if name.startswith(SPILL_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            path = os.path.join(tmp, name)
+            if os.path.isdir(path) and not os.path.islink(path) and os.stat(path).st_uid == os.getuid():
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
+
+
+def _private_folder(path: str) -> None:
+    """``path`` and its parent made if missing, readable by this user alone (0700)."""
+    for folder in (os.path.dirname(path), path):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+
+
 def _write_through(path: str, data: bytes) -> None:
     """Write a spilled partition to the disk itself: a spill that stayed in the OS page
-    cache would take the very memory it was meant to free."""
-    with open(path, "wb") as f:
+    cache would take the very memory it was meant to free. The file is this user's alone
+    (0600): it holds the notebook's data."""
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "wb") as f:
         f.write(data)
         f.flush()
         os.fdatasync(f.fileno())
@@ -172,7 +217,7 @@ class SpillingStore(PartitionStore):
                     self.counters["spilled_to_peers"] += 1
                     self._moved(key, peer[0], "memory", size)
                     return
-        os.makedirs(self._dir, exist_ok=True)
+        _private_folder(self._dir)
         path = os.path.join(self._dir, f"{next(self._files)}.pickle")
         _write_through(path, data)
         with self._lock:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -131,6 +134,41 @@ def test_spill_to_disk_only_keeps_peers_out_of_it_and_gives_the_same_results():
         assert totals(a) == expected(0) and totals(b) == expected(8)
         assert len(spill_files()) == 4
     assert spill_files() == []  # closing the cluster removes what its workers spilled
+
+
+SPILL_AND_DIE = """
+import os, sys, time
+import numpy as np
+import clamor
+cluster = clamor.Cluster(workers=1, worker_memory=int(sys.argv[1]), spill="disk",
+                         speculation=False)
+ds = cluster.range(0, 8, partitions=8).map_partitions(
+    lambda r: np.full((1 << 20) // 8, float(r[0]))).persist()
+ds.count()
+print(cluster.worker_stats()[0]["spilled_to_disk"], flush=True)
+time.sleep(600)  # SIGKILLed here: nobody closes the cluster
+"""
+
+
+def test_spill_files_are_private_and_a_killed_drivers_are_swept_by_the_next_cluster(tmp_path):
+    script = tmp_path / "spill_and_die.py"
+    script.write_text(SPILL_AND_DIE)
+    driver = subprocess.Popen([sys.executable, str(script), str(room_for(4))], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert int(driver.stdout.readline()) >= 4  # 8 partitions of 1 MiB, room for 4
+        folders = glob.glob(os.path.join(tempfile.gettempdir(), f"clamor-spill-{driver.pid}-*"))
+        files = glob.glob(os.path.join(folders[0], "*", "*"))
+        assert len(folders) == 1 and len(files) >= 4
+        for path in [folders[0], *{os.path.dirname(f) for f in files}]:
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o700, path
+        assert {stat.S_IMODE(os.stat(f).st_mode) for f in files} == {0o600}
+    finally:
+        driver.kill()  # its workers follow it (parent-death signal); their files stay
+        driver.wait()
+    assert os.path.isdir(folders[0])
+    with clamor.Cluster(workers=1):
+        assert not os.path.exists(folders[0])  # a gone driver's folder: swept at the start
 
 
 def test_bad_budgets_and_spill_policies_are_refused_before_any_worker_starts():
