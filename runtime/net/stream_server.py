@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import grpc
 from clamor.runtime.credentials import TLSMaterial
+from clamor.runtime.net.acceptor import Acceptor, RateLimitedLog
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.task_stream import (
     CLOSED,
@@ -47,6 +48,7 @@ from clamor.runtime.paging.page_client import tls_context
 from google.protobuf.message import DecodeError
 
 logger = logging.getLogger("clamor.task_stream")
+_refusals = RateLimitedLog(logger)
 
 #: ``gather()``: a context in which the results' events are gathered, run on the way out.
 Gather = Callable[[], contextlib.AbstractContextManager]
@@ -161,41 +163,31 @@ class TaskStreamServer:
             unix.close()
             self.unix_name = ""
         self.refused = 0
-        self._acceptors = [threading.Thread(target=self._accept, args=(s,), name="clamor-stream-accept", daemon=True)
-                           for s in self._socks]  # fmt: skip
-        for thread in self._acceptors:
-            thread.start()
+        self._acceptors = [Acceptor(s, self._serve, "clamor-stream", _refusals) for s in self._socks]
 
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return  # shut down by close()
-            threading.Thread(target=self._serve, args=(sock,), name="clamor-stream", daemon=True).start()
-
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket, authenticated: Callable[[], None]) -> None:
         try:
-            conn, link = self._open(sock)
+            conn, link = self._open(sock, authenticated)
         except (OSError, ValueError) as exc:
             self.refused += 1
-            logger.warning("refused a task stream: %s", exc)
+            _refusals.warning("refused a task stream: %s", exc)
             with contextlib.suppress(OSError):
                 sock.close()
             return
         if link is not None and self._tls is not None:
             link.read_until_end(conn, self._on_results, self._on_end)
 
-    def _open(self, sock: socket.socket) -> tuple[Connection, DriverLink | None]:
-        """Handshake and first message; the link attached (a plain one handed to the
-        poller), or ``None`` (refused, told why)."""
+    def _open(self, sock: socket.socket, authenticated: Callable[[], None]) -> tuple[Connection, DriverLink | None]:
+        """Handshake (within the acceptor's deadline) and first message; the link
+        attached (a plain one handed to the poller), or ``None`` (refused, told why)."""
         if sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(HANDSHAKE_TIMEOUT)
         if self._tls is not None:
             sock = self._tls.wrap_socket(sock, server_side=True)
         if not prove_token_server(sock, self._token):
             raise ConnectionError("a client without the cluster token")
+        authenticated()
+        sock.settimeout(HANDSHAKE_TIMEOUT)
         size, kind = HEADER.unpack(recv_exact(sock, HEADER.size))
         body = bytes(recv_exact(sock, min(size, 1 << 16)))
         sock.settimeout(None)
@@ -229,6 +221,6 @@ class TaskStreamServer:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
-        for thread in self._acceptors:
-            thread.join(5.0)
+        for acceptor in self._acceptors:
+            acceptor.thread.join(5.0)
         self._poller.close()

@@ -36,12 +36,19 @@ from typing import Any
 import grpc
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.net import shipping
+from clamor.runtime.net.acceptor import Acceptor, RateLimitedLog
 from clamor.runtime.net.proto import clamor_pb2 as pb
-from clamor.runtime.net.transport import prove_token_client, prove_token_server, recv_exact, split_address
+from clamor.runtime.net.transport import (
+    prove_token_client,
+    prove_token_server,
+    recv_exact,
+    split_address,
+)
 from clamor.runtime.stage import PartitionKey
 from clamor.runtime.storage.partitions import decode_key, encode_key, join_chunks
 
 logger = logging.getLogger("clamor.bulk")
+_refusals = RateLimitedLog(logger)
 
 MAX_KEY_BYTES = 64 << 10
 MAX_BUFFERS = 4096
@@ -67,38 +74,30 @@ class BulkServer:
         self._conns: dict[socket.socket, threading.Thread] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self._acceptor = threading.Thread(target=self._accept, name="clamor-bulk", daemon=True)
-        self._acceptor.start()
+        self._acceptor = Acceptor(self._sock, self._serve, "clamor-bulk", _refusals)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return  # shut down by close()
-            thread = threading.Thread(target=self._serve, args=(conn,), name="clamor-bulk-conn", daemon=True)
-            with self._lock:
-                if self._closed:
-                    conn.close()
-                    return
-                self._conns[conn] = thread
-            thread.start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, authenticated: Callable[[], None]) -> None:
+        with self._lock:
+            if self._closed:
+                conn.close()
+                return
+            self._conns[conn] = threading.current_thread()
         try:
-            self._converse(conn)
+            self._converse(conn, authenticated)
         finally:
             with self._lock:
                 self._conns.pop(conn, None)
             conn.close()
 
-    def _converse(self, conn: socket.socket) -> None:
+    def _converse(self, conn: socket.socket, authenticated: Callable[[], None]) -> None:
         try:
-            conn.settimeout(TIMEOUT)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if not prove_token_server(conn, self._token):
+            if not prove_token_server(conn, self._token):  # within the acceptor's deadline
                 self.refused += 1
+                _refusals.warning("bulk server: refused a client without the cluster token")
                 return
+            authenticated()
+            conn.settimeout(TIMEOUT)
             while True:
                 (n,) = _U32.unpack(recv_exact(conn, _U32.size))
                 if n > MAX_KEY_BYTES:
@@ -131,7 +130,7 @@ class BulkServer:
         for sock in (self._sock, *conns):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-        self._acceptor.join(timeout)
+        self._acceptor.thread.join(timeout)
         for thread in conns.values():
             if thread is not threading.current_thread():
                 thread.join(timeout)

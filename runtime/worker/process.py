@@ -204,9 +204,14 @@ def _watchdog(scheduler, worker_id: int, parent_pid: int | None) -> None:
     failing_since: float | None = None
     while True:
         time.sleep(HEARTBEAT_INTERVAL)
-        if parent_pid is not None and (
-            (child_of_parent and os.getppid() != parent_pid) or _process_gone(parent_pid)
-        ):
+        try:  # out of file descriptors (a flood of connections), /proc cannot be read: next time
+            gone = parent_pid is not None and (
+                (child_of_parent and os.getppid() != parent_pid) or _process_gone(parent_pid)
+            )
+        except (OSError, psutil.Error) as exc:
+            logger.warning("cannot check the driver process %s: %s", parent_pid, exc)
+            gone = False
+        if gone:
             _die(EXIT_DRIVER_UNREACHABLE, f"the driver process {parent_pid} is gone")
         try:
             reply = scheduler.Heartbeat(

@@ -14,8 +14,13 @@ import pytest
 from clamor.runtime.cluster import Cluster
 
 
+def _connections(process: psutil.Process, **kind: str) -> list:
+    """``net_connections`` (psutil 6), ``connections`` before it."""
+    return (getattr(process, "net_connections", None) or process.connections)(**kind)
+
+
 def listening() -> int:
-    return sum(c.status == psutil.CONN_LISTEN for c in psutil.Process().net_connections())
+    return sum(c.status == psutil.CONN_LISTEN for c in _connections(psutil.Process()))
 
 
 @pytest.mark.parametrize(
