@@ -52,16 +52,17 @@ class RateLimitedLog:
 
 
 class Acceptor:
-    """Runs ``serve(conn, authenticated)`` on a thread of its own for each connection
+    """Runs ``serve(conn, authenticated)`` on a thread of its own (``conn_name``) for each connection
     accepted on ``listener``, once fewer than ``limit`` are still unauthenticated.
     ``serve`` calls ``authenticated()`` once the client proved the token (or on its way
     out); until then the connection counts against the limit."""
 
     def __init__(
         self, listener: socket.socket, serve: Callable[[socket.socket, Callable[[], None]], None],
-        name: str, log: RateLimitedLog, limit: int = PENDING_LIMIT,
+        name: str, conn_name: str, log: RateLimitedLog, limit: int = PENDING_LIMIT,
     ) -> None:  # fmt: skip
-        self._listener, self._serve, self._name, self._log = listener, serve, name, log
+        self._listener, self._serve, self._log = listener, serve, log
+        self._name, self._conn_name = name, conn_name
         self._pending = threading.Semaphore(limit)
         self.turned_away = 0
         self.thread = threading.Thread(target=self._accept, name=name, daemon=True)
@@ -87,7 +88,7 @@ class Acceptor:
                     conn.close()
                 continue
             conn.settimeout(PREAUTH_DEADLINE)
-            threading.Thread(target=self._run, args=(conn,), name=f"{self._name}-conn", daemon=True).start()
+            threading.Thread(target=self._run, args=(conn,), name=self._conn_name, daemon=True).start()
 
     def _run(self, conn: socket.socket) -> None:
         released = False

@@ -163,7 +163,7 @@ class TaskStreamServer:
             unix.close()
             self.unix_name = ""
         self.refused = 0
-        self._acceptors = [Acceptor(s, self._serve, "clamor-stream", _refusals) for s in self._socks]
+        self._acceptors = [Acceptor(s, self._serve, "clamor-stream-accept", "clamor-stream", _refusals) for s in self._socks]
 
     def _serve(self, sock: socket.socket, authenticated: Callable[[], None]) -> None:
         try:

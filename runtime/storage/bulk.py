@@ -74,7 +74,7 @@ class BulkServer:
         self._conns: dict[socket.socket, threading.Thread] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self._acceptor = Acceptor(self._sock, self._serve, "clamor-bulk", _refusals)
+        self._acceptor = Acceptor(self._sock, self._serve, "clamor-bulk", "clamor-bulk-conn", _refusals)
 
     def _serve(self, conn: socket.socket, authenticated: Callable[[], None]) -> None:
         with self._lock:
