@@ -93,6 +93,13 @@ def plot(result: dict) -> str | None:
         ax.set_yscale("log")
     ax.set_title(result.get("title", result["workload"]), fontsize=9)
     ax.legend(fontsize=8)
+    return _save(fig, result)
+
+
+def _save(fig, result: dict) -> str:
+    """Write a workload's figure next to its JSON; its file name."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     name = f"{result['workload']}.png"
     fig.savefig(RESULTS / name, dpi=110)
@@ -242,11 +249,7 @@ def dense_plot(result: dict) -> str | None:
     m = result.get("machine", {})
     fig.suptitle(f"{result.get('title', result['workload'])} — {m.get('nproc', '?')} cores "
                  f"({m.get('hostname', '?')})", fontsize=9)
-    fig.tight_layout()
-    name = f"{result['workload']}.png"
-    fig.savefig(RESULTS / name, dpi=110)
-    plt.close(fig)
-    return name
+    return _save(fig, result)
 
 
 def dense_section(result: dict) -> list[str]:
