@@ -40,6 +40,7 @@ from typing import Any
 
 from clamor.runtime.data.ops import RecomputeTask, Redo
 from clamor.runtime.errors import ClamorError, MissingPartitionError
+from clamor.runtime.paging.read_sets import ReadSet
 from clamor.runtime.stage import DRIVER, PartitionKey, StageRunner, StageSpec, TaskSpec
 
 logger = logging.getLogger("clamor.lineage")
@@ -359,8 +360,8 @@ def _redo(runner: StageRunner, epoch: int, group: list[_Todo], counters: Counter
 
 def _stale(original: Sequence[tuple[int, int]], again: Sequence[tuple[int, int]]) -> bool:
     """Whether a page read both times was read at different versions."""
-    if original == again:  # ReadSets compare as runs: no pair per page
-        return False
+    if isinstance(original, ReadSet) and isinstance(again, ReadSet):
+        return original.conflicts(again)  # as arrays: no pair per page
     before = dict(original)
     return any(before.get(page, version) != version for page, version in again)
 

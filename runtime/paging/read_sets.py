@@ -76,6 +76,13 @@ class ReadSet(Sequence):
         """The version read of each page, in page order (uint32)."""
         return np.repeat(self._runs["version"], self._runs["count"].astype(np.int64))
 
+    def conflicts(self, other: ReadSet) -> bool:
+        """Whether a page in both was read at different versions (no pair per page built)."""
+        if self == other:
+            return False
+        _, mine, theirs = np.intersect1d(self.pages(), other.pages(), assume_unique=True, return_indices=True)
+        return bool((self.versions()[mine] != other.versions()[theirs]).any())
+
     def _expanded(self) -> tuple[tuple[int, int], ...]:
         if self._pairs is None:
             self._pairs = tuple(zip(self.pages().tolist(), self.versions().tolist()))

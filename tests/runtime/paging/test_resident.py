@@ -123,3 +123,5 @@ def test_read_sets_travel_as_runs_and_compare_as_pairs():
     assert read_set.pages().tolist() == pages.tolist()
     assert read_set.versions().tolist() == versions.tolist()
     assert ReadSet(encode(np.arange(16384, dtype=np.uint64), np.ones(16384, np.uint32))).runs == 1
+    assert not read_set.conflicts(ReadSet.of([(4, 1), (10, 2), (11, 7)]))  # pages in both agree
+    assert read_set.conflicts(ReadSet.of([(5, 3)]))  # page 5: version 2, then 3
