@@ -28,6 +28,7 @@ SOURCES = [
     "directory.c",
     "write_tracking.c",
     "worker_pager.c",
+    "worker_read_sets.c",
     "worker_fetch.c",
     "worker_pending.c",
     "tls.c",

@@ -1,6 +1,7 @@
-/* The worker pager's private state and the pieces its two files share: worker_pager.c
- * (the range, the cache table, zero copy, the fault handler, the page server, the API)
- * and worker_fetch.c (fetching pages: own host, driver, peers, read-ahead, prefetch).
+/* The worker pager's private state and the pieces its files share: worker_pager.c
+ * (the range, the cache table, zero copy, the fault handler, the page server, the API),
+ * worker_read_sets.c (read sets, what stays mapped between tasks) and worker_fetch.c
+ * (fetching pages: own host, driver, peers, read-ahead, prefetch).
  * Not part of the API (api.h); nothing here is visible outside the native module. */
 #ifndef CLAMOR_WORKER_PAGER_H
 #define CLAMOR_WORKER_PAGER_H
