@@ -25,11 +25,13 @@ _EXPORTS = {
     "CheckpointError": "clamor.runtime.data.checkpoint",
     "restore": "clamor.runtime.data.checkpoint",
     "Dataset": "clamor.runtime.data.dataset",
+    "ActionTimeoutError": "clamor.runtime.errors",
     "ArenaExhaustedError": "clamor.runtime.errors",
     "ClamorError": "clamor.runtime.errors",
     "MissingExtraError": "clamor.runtime.errors",
     "MissingPartitionError": "clamor.runtime.errors",
     "SerializationError": "clamor.runtime.errors",
+    "TaskCrashedError": "clamor.runtime.errors",
     "TaskError": "clamor.runtime.errors",
     "WorkerLostError": "clamor.runtime.errors",
     "DaskLauncher": "clamor.runtime.launchers.dask",
@@ -54,11 +56,13 @@ if TYPE_CHECKING:
     from clamor.runtime.data.checkpoint import CheckpointError, restore
     from clamor.runtime.data.dataset import Dataset
     from clamor.runtime.errors import (
+        ActionTimeoutError,
         ArenaExhaustedError,
         ClamorError,
         MissingExtraError,
         MissingPartitionError,
         SerializationError,
+        TaskCrashedError,
         TaskError,
         WorkerLostError,
     )
@@ -102,6 +106,7 @@ def load_ipython_extension(ipython: object) -> None:
 
 __all__ = [
     "Accumulator",
+    "ActionTimeoutError",
     "ArenaExhaustedError",
     "ArenaRef",
     "CheckpointError",
@@ -113,6 +118,7 @@ __all__ = [
     "MissingPartitionError",
     "SSHLauncher",
     "SerializationError",
+    "TaskCrashedError",
     "TaskError",
     "WorkerLostError",
     "array",

@@ -151,10 +151,16 @@ OPTIONS: dict[str, Option] = {
     "host": Option("127.0.0.1", str, "address the scheduler and page server listen on "
                    "(one that remote workers can reach)", True),
     "tls": Option(False, _boolean, "mutual TLS on gRPC and the page protocol (multi-host)", True),
-    "worker_memory": Option(None, _size, "each worker's memory budget, half page cache, half kept "
-                            "partitions (none: a fair share of this host's memory)", True),
+    "worker_memory": Option(None, _size, "each worker's memory budget, split between page cache "
+                            "and kept partitions (none: a fair share of this host's memory)", True),
     "spill": Option("peer", _choice(*SPILL_POLICIES), "where partitions beyond a worker's budget "
                     "go: peer (the one with most free memory, then disk) or disk", True),
+    "restarts": Option(None, _number(int, 0, True, "a whole number >= 0, or none (the default)"),
+                       "lost workers replaced a minute (none: as many as the cluster has, at "
+                       "least 3; 0: never)", True),
+    "action_timeout": Option(None, _number(float, 0.001, True, "a number of seconds > 0, or none"),
+                             "seconds an action may run before its tasks are stopped (none: no "
+                             "limit)", True),
 }  # fmt: skip
 
 #: The current settings (read freely; change them with :func:`set_config`).

@@ -21,19 +21,20 @@ import logging
 import os
 import resource
 import shutil
+import signal
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Self
 
 import grpc
+from clamor.runtime import deadlines
 from clamor.runtime.cluster_inspection import ClusterInspection
 from clamor.runtime.cluster_workers import ClusterWorkers, SchedulerServicer, Worker
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.data import checkpoint, lineage
 from clamor.runtime.data.dataset import DatasetSources
 from clamor.runtime.errors import ClamorError
-from clamor.runtime.exitcodes import describe_exit
 from clamor.runtime.launchers.local import Launcher, LocalLauncher
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
@@ -101,6 +102,23 @@ def _close_open_clusters() -> None:
 threading._register_atexit(_close_open_clusters)
 
 
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold SIGINT (Ctrl-C, a notebook's interrupt) while the block runs; raise the
+    ``KeyboardInterrupt`` after it if one came. Only the main thread gets SIGINT."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if came:
+        raise KeyboardInterrupt
+
+
 def _shutdown(
     server: Server,
     launcher: Launcher,
@@ -162,6 +180,12 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
     workers), half for cached arena pages (evicted beyond it, CLOCK) and half for kept
     partitions; ``spill`` says where partitions beyond it go: ``"peer"`` (the worker
     with the most free memory, then local disk) or ``"disk"``.
+    Failures: a lost worker is replaced by a new one (a new id), up to ``restarts`` a minute
+    (default: as many as the cluster has workers, at least 3; 0: never); a task whose
+    worker was lost 3 times while it ran there fails its stage with
+    :class:`~clamor.runtime.errors.TaskCrashedError` (it runs alone after the first time).
+    ``action_timeout``: seconds any action may run (default none; ``timeout=`` per action);
+    an action past it, or interrupted (Ctrl-C), has its running tasks stopped.
     """
 
     def __init__(
@@ -184,6 +208,8 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         tls: bool = False,
         worker_memory: memory.Size | Mapping[int, memory.Size] | None = None,
         spill: str = "peer",
+        restarts: int | None = None,
+        action_timeout: float | None = None,
     ) -> None:
         n = (os.cpu_count() or 1) if workers is None else workers
         if n < 1:
@@ -191,6 +217,12 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         if n > MAX_WORKERS:
             raise ValueError(f"a cluster has at most {MAX_WORKERS:,} workers, got {n:,}: {WORKER_LIMIT_REASON}")
         _raise_open_file_limit(n)
+        #: Seconds an action may run before it is stopped (``None``: no limit); an action's
+        #: own ``timeout=`` overrides it.
+        self.action_timeout = deadlines.check(action_timeout, "action_timeout")
+        restarts = max(3, n) if restarts is None else restarts
+        if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+            raise ValueError(f"restarts must be a whole number >= 0, not {restarts!r}")
         if isinstance(launcher, str):
             if launcher != "local":
                 raise ValueError(
@@ -230,6 +262,13 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             self._workers: dict[int, Worker] = {}
             self._channels: list[grpc.Channel] = []
             self._next_id = n
+            self._size = n  # what replacements of lost workers keep it at
+            self._start_timeout = timeout
+            self._restarts = restarts
+            self._restarted: collections.deque[float] = collections.deque()  # when, in the window
+            self._starting = 0  # replacements started and not ready (or failed) yet
+            self.workers_replaced = 0
+            self._spawning = threading.Lock()
             #: launch key -> [pid, reply or None while being answered]: a worker whose Register
             #: call timed out on its side retries it, and gets the same id and reply again.
             self._registrations: dict[str, list] = {}
@@ -248,6 +287,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
                 speculation_factor=speculation_factor,
                 fuse=fuse,
                 bulk=None if tls else BulkClient(self._token.encode()),
+                kill=lambda w, why: (c := me()) and c._kill_unresponsive(w, why),
             )
             undo.callback(self._executor.join)
             undo.callback(self._executor.close)
@@ -262,7 +302,8 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             self._streams = TaskStreamServer(self._token.encode(), host, tls=self._credentials.tls,
                                              link_of=executor.link_of, on_results=executor.task_finished,
                                              on_end=executor.stream_ended,
-                                             gather=executor.gathering)  # fmt: skip
+                                             gather=executor.gathering,
+                                             vouch=lambda w: bool((c := me()) and c._vouch(w)))  # fmt: skip
             undo.callback(self._streams.close)
             scheduler = SchedulerServicer(self)
             self._server, self.address = create_server(
@@ -295,13 +336,14 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             self._streams,
         )
         try:
-            self._launcher.start(range(n))
+            with self._spawning:
+                self._launcher.start(range(n))
             self._wait_ready(range(n), timeout)
         except BaseException:
             self.close()
             raise
         finally:
-            self._launcher.release_token_file()  # read by now: do not leave it behind
+            self._release_start_files()  # read by now: do not leave it behind
 
     # --- stages ---
 
@@ -320,23 +362,36 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         return self._executor.execute(stage, lambda: self.workers)
 
     def run(
-        self, fn: Callable, *args: Any, worker: int = 0, epoch: int | None = None, **kwargs: Any
-    ) -> Any:
-        """Run ``fn(*args, **kwargs)`` on ``worker`` as a one-task stage; return its result."""
-        return self.run_stage([(worker, fn, args, kwargs)], epoch=epoch)[0]
+        self, fn: Callable, *args: Any, worker: int | None = None, epoch: int | None = None,
+        timeout: float | None = None, **kwargs: Any,
+    ) -> Any:  # fmt: skip
+        """Run ``fn(*args, **kwargs)`` as a one-task stage on ``worker`` (``None``: any live
+        worker); return its result. ``timeout``: seconds before it is stopped
+        (:class:`~clamor.runtime.errors.ActionTimeoutError`; default the cluster's
+        ``action_timeout``)."""
+        return self.run_stage([(worker, fn, args, kwargs)], epoch=epoch, timeout=timeout)[0]
 
-    def run_stage(self, calls: Sequence[Call], epoch: int | None = None) -> list:
-        """Run ``(worker, fn, args[, kwargs])`` calls as one stage; results in call order.
+    def run_stage(self, calls: Sequence[Call], epoch: int | None = None, timeout: float | None = None) -> list:
+        """Run ``(worker, fn, args[, kwargs])`` calls as one stage (worker ``None``: any);
+        results in call order.
 
         ``epoch``: run the tasks at this older epoch (a replay) instead of the new one.
         Every call is pickled before anything is sent; the first failure is raised.
+        ``timeout``: as in :meth:`run`.
         """
         self._check_open()
         payloads, tasks = [], []
         for i, (worker_id, fn, args, *rest) in enumerate(calls):
             payloads.append(pack_task(fn, args, rest[0] if rest else None, self.page_size or None))
             tasks.append(TaskSpec(i, worker=worker_id))
-        return self.execute(StageSpec(CallTable(payloads), tasks, epoch=epoch))
+        with self.time_limit(timeout, "run"):
+            return self.execute(StageSpec(CallTable(payloads), tasks, epoch=epoch))
+
+    def time_limit(self, seconds: float | None, action: str = "the action") -> contextlib.AbstractContextManager:
+        """The stages this thread runs in the block finish within ``seconds`` (``None``: the
+        cluster's ``action_timeout``), or are cancelled with their running tasks stopped
+        (:class:`~clamor.runtime.errors.ActionTimeoutError`)."""
+        return deadlines.limit(self.action_timeout if seconds is None else seconds, action)
 
     # --- checkpoints ---
 
@@ -439,21 +494,13 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         return int(getattr(self._paging, "page_size", 0))
 
     def kill_worker(self, worker_id: int) -> None:
-        """SIGKILL a worker's process (fault injection) and wait until it has exited."""
+        """SIGKILL a worker's process (fault injection) and wait until it has exited (the
+        cluster then replaces it, while its ``restarts`` last)."""
         worker = self._workers.get(worker_id)
         if worker is None:
             raise ValueError(f"no worker {worker_id} (workers: {self.workers})")
-        claimed = self._claim_end(worker)  # the reason is this one, not what a refresh sees
-        try:
-            code = self._launcher.kill(worker_id, worker.pid)
-        except (NotImplementedError, KeyError):
-            if claimed:
-                with self._cond:
-                    worker.ending = False
-            raise ValueError(f"worker {worker_id} was not started by this cluster") from None
-        where = self._launcher.describe(worker_id)
-        ended = "killed" if code is None else describe_exit(code)
-        self._mark_lost(worker, f"{where} {ended} (kill_worker)")
+        if not self._kill(worker, "(kill_worker)", must=True):
+            raise ValueError(f"worker {worker_id} was not started by this cluster")
 
     def slow_worker(self, worker_id: int, factor: float) -> None:
         """Make a worker's process run ``factor`` times slower (CPU duty cycle; 1 restores it)."""
@@ -471,29 +518,32 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
     def close(self) -> None:
         """Shut the workers down (SIGKILL for stragglers) and stop the scheduler. Idempotent.
 
-        A checkpoint still being written is finished first (it reads the pager's tables)."""
+        A checkpoint still being written is finished first (it reads the pager's tables).
+        A Ctrl-C meanwhile is held until the cluster is closed, then raised: an interrupted
+        close would leave the pager and workers behind, and no cluster could start again."""
         with self._cond:
             if self._closed:
                 return
-        checkpoint.wait_pending(self)
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            live = [w for w in self._workers.values() if w.lost is None]
-        if self._publisher is not None:
-            self._publisher.close()
-        self._throttle.close()
-        futures = [w.stub.Shutdown.future(pb.ShutdownRequest(), timeout=2) for w in live]
-        for future in futures:
+        with _interrupts_held():
+            checkpoint.wait_pending(self)
+            with self._cond:
+                if self._closed:
+                    return
+                self._closed = True
+                live = [w for w in self._workers.values() if w.lost is None]
             try:
-                future.result()
-            except grpc.RpcError:
-                pass
-        try:
-            self._launcher.close(timeout=5.0)  # let them exit on their own first
-        finally:
-            self._finalizer()
+                if self._publisher is not None:
+                    self._publisher.close()
+                self._throttle.close()
+                futures = [w.stub.Shutdown.future(pb.ShutdownRequest(), timeout=2) for w in live]
+                for future in futures:
+                    try:
+                        future.result()
+                    except grpc.RpcError:
+                        pass
+                self._launcher.close(timeout=5.0)  # let them exit on their own first
+            finally:
+                self._finalizer()
 
     def __enter__(self) -> Self:
         return self

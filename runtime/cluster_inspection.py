@@ -97,9 +97,12 @@ class ClusterInspection:
 
     def counters(self) -> dict[str, int]:
         """Fault-tolerance counters, without calling the workers: ``tasks_rerun``,
-        ``tasks_speculated``, ``tasks_replaced``, ``tasks_lost``, ``tasks_recomputed``."""
+        ``tasks_speculated``, ``tasks_replaced``, ``tasks_lost``, ``tasks_recomputed``,
+        ``tasks_interrupted`` (cancelled while running, and stopped), ``tasks_not_stopped``
+        (their workers killed instead), ``workers_replaced`` (lost workers started anew)."""
         counters = dict(self._executor.counters())
         counters["tasks_recomputed"] = lineage.recovery_counters(self)["tasks_recomputed"]
+        counters["workers_replaced"] = self.workers_replaced
         return counters
 
     @property

@@ -16,10 +16,11 @@ import weakref
 import cloudpickle
 import grpc
 from clamor.runtime.errors import ClamorError, WorkerLostError
-from clamor.runtime.exitcodes import describe_exit
+from clamor.runtime.exitcodes import describe_exit, process_runs
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.transport import PROTOCOL_VERSION, connect, format_address
+from clamor.runtime.paging.pager import MAX_WORKERS, WORKER_LIMIT_REASON
 from clamor.runtime.storage.partitions import decode_key
 
 logger = logging.getLogger("clamor.cluster")
@@ -30,6 +31,9 @@ HEARTBEAT_TIMEOUT = 10.0
 POLL_INTERVAL = 0.1
 #: How long a retried Register waits for the first attempt's answer (then it is a new one).
 REGISTER_PATIENCE = 30.0
+#: ``Cluster(restarts=n)``: at most n lost workers are replaced within this many seconds
+#: (a worker that dies as it starts must not be restarted forever).
+RESTART_WINDOW = 60.0
 
 
 @dataclasses.dataclass
@@ -243,9 +247,25 @@ class ClusterWorkers:
         return f"worker {worker_id} ({self._launcher.describe(worker_id)}) {state}"
 
     def _process_alive(self, worker: Worker) -> bool:
+        """A local worker: its process has not exited. A remote one: a heartbeat came
+        within :data:`HEARTBEAT_TIMEOUT`, or its task stream is still connected (its kernel
+        keeps the TCP link checked while a task holds the worker's GIL, heartbeats and all)."""
         if worker.local:
             return self._launcher.alive(worker.id)
-        return time.monotonic() - worker.last_heartbeat < HEARTBEAT_TIMEOUT
+        if time.monotonic() - worker.last_heartbeat < HEARTBEAT_TIMEOUT:
+            return True
+        link = self._executor.link_of(worker.id)
+        return link is not None and link.connected
+
+    def _vouch(self, worker_id: int) -> bool:
+        """Whether a worker silent on its task stream still lives (the stream's poller asks
+        before it ends the stream): a local one if its process runs or sleeps (a task
+        holding the GIL: a long C call), not if it is stopped or gone; a remote one always
+        (the kernel's keepalive on its TCP stream finds a dead host or a cut link)."""
+        worker = self._workers.get(worker_id)
+        if worker is None or worker.lost is not None or self._closed:
+            return False
+        return not worker.local or process_runs(worker.pid)
 
     def _how_lost(self, worker: Worker, unreachable: bool = False) -> str:
         """Describe a lost worker's end; a local worker that still runs is killed first. An
@@ -275,9 +295,97 @@ class ClusterWorkers:
                 self._executor.worker_lost(worker.id, error)
             finally:
                 worker.lost_told.set()
+            self._replace(worker.id)
         else:  # e.g. kill_worker racing a failed call: return only once the loss is known
             worker.lost_told.wait(10.0)
         return error
+
+    # --- replacing lost workers ---
+
+    def _replace(self, lost: int) -> None:
+        """Start a new worker in place of ``lost`` (as Dask's nanny restarts its worker),
+        under a new id, while the restart budget lasts: the cluster keeps its size. It
+        joins like the first ones (registration, then ready) on a thread of its own."""
+        with self._cond:
+            if self._closed:
+                return
+            now = time.monotonic()
+            while self._restarted and now - self._restarted[0] > RESTART_WINDOW:
+                self._restarted.popleft()
+            if len(self._restarted) >= self._restarts or self._next_id >= MAX_WORKERS:
+                why = WORKER_LIMIT_REASON if self._next_id >= MAX_WORKERS else (
+                    f"{len(self._restarted)} were replaced in the last {RESTART_WINDOW:g} s "
+                    f"(restarts={self._restarts})")
+                logger.warning("worker %d is not replaced: %s", lost, why)
+                return
+            self._restarted.append(now)
+            new, self._next_id = self._next_id, self._next_id + 1
+            self._starting += 1
+        self.budgets.inherit(new, lost)
+        threading.Thread(target=self._start_replacement, args=(lost, new),
+                         name="clamor-replace", daemon=True).start()  # fmt: skip
+
+    def _start_replacement(self, lost: int, new: int) -> None:
+        try:
+            with self._spawning:  # a launcher writes its start-up files once
+                self._launcher.spawn(new)
+            self._wait_ready(range(new, new + 1), self._start_timeout)
+            self.workers_replaced += 1
+            logger.info("worker %d replaces lost worker %d", new, lost)
+        except Exception as exc:  # noqa: BLE001 - a failed replacement leaves the cluster smaller
+            if not self._closed:
+                logger.warning("worker %d, started in place of lost worker %d, did not join: %s",
+                               new, lost, exc)  # fmt: skip
+        finally:
+            with self._cond:
+                self._starting -= 1
+                self._cond.notify_all()
+            self._release_start_files()
+
+    def _release_start_files(self) -> None:
+        """Remove the launcher's token file once no worker is starting (read by then)."""
+        with self._cond:
+            if self._starting:
+                return
+        with self._spawning:
+            self._launcher.release_token_file()
+
+    def wait_for_workers(self, n: int | None = None, timeout: float | None = None) -> list[int]:
+        """Wait until ``n`` workers are live (default: as many as the cluster started with)
+        or no replacement is starting any more; the live workers."""
+        n = self._size if n is None else n
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                live = sorted(w.id for w in self._workers.values() if w.ready and w.lost is None)
+                left = None if deadline is None else deadline - time.monotonic()
+                if len(live) >= n or not self._starting or (left is not None and left <= 0):
+                    return live
+                self._cond.wait(POLL_INTERVAL if left is None else min(POLL_INTERVAL, left))
+
+    def _kill(self, worker: Worker, why: str, must: bool = False) -> bool:
+        """SIGKILL ``worker`` and mark it lost, saying ``why`` after how it ended; False if
+        its launcher cannot kill it (then, with ``must``, it is left as it was; else it is
+        marked lost all the same: it cannot be trusted)."""
+        claimed = self._claim_end(worker)  # the reason is this one, not what a refresh sees
+        try:
+            code = self._launcher.kill(worker.id, worker.pid)
+            ended, killed = "killed" if code is None else describe_exit(code), True
+        except (NotImplementedError, KeyError):
+            if must:
+                if claimed:
+                    with self._cond:
+                        worker.ending = False
+                return False
+            ended, killed = "could not be killed by its launcher", False
+        self._mark_lost(worker, f"{self._launcher.describe(worker.id)} {ended} {why}")
+        return killed
+
+    def _kill_unresponsive(self, worker_id: int, why: str) -> None:
+        """The executor's call: a worker did not stop a cancelled task (``why``)."""
+        worker = self._workers.get(worker_id)
+        if worker is not None and not self._closed and worker.lost is None:
+            self._kill(worker, f"({why})")
 
     def _refresh(self) -> None:
         """Mark local workers whose process has exited as lost (not while closing: they exit)."""

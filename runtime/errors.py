@@ -40,6 +40,40 @@ class TaskError(ClamorError):
         return (type(self), (self.type_name, self.message, self.remote_traceback))
 
 
+class TaskCrashedError(TaskError):
+    """A task was running each time its worker was lost, as often as the cluster allows
+    (a task that kills its process: a segfault, ``os._exit``, the OOM killer): its stage
+    fails with this instead of taking more workers. ``how``: how the last worker ended;
+    ``stage``: the stage's name, when the executor knows it."""
+
+    def __init__(self, index: int, losses: int, how: str, stage: str = "") -> None:
+        self.index, self.losses, self.how, self.stage = index, losses, how, stage
+        self.count = 1  # tasks in the attempt (a fused one runs several)
+        super().__init__("TaskCrashedError", self._describe())
+
+    def _describe(self) -> str:
+        where = f" of stage {self.stage!r}" if self.stage else ""
+        what = f"task {self.index}" if self.count == 1 else (
+            f"tasks {self.index}-{self.index + self.count - 1} (run as one fused attempt)")
+        return (f"{what}{where} was running each time its worker was lost, "
+                f"{self.losses} times (the limit): the last time {self.how}")  # fmt: skip
+
+    def name_stage(self, stage: str, chunk: tuple[int, int] | None = None) -> None:
+        """Say which stage the task belongs to (the scheduler knows stages by number) and,
+        for a fused stage, which tasks its attempt ran (``(first index, count)``)."""
+        self.stage = stage
+        if chunk is not None:
+            self.index, self.count = chunk
+        self.message = self._describe()
+        self.args = (f"{self.type_name}: {self.message}",)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        return (type(self), (self.index, self.losses, self.how, self.stage))
+
+
 class WorkerLostError(ClamorError):
     """A worker process died or became unreachable (``how``: exit status, signal, ...)."""
 
@@ -50,6 +84,22 @@ class WorkerLostError(ClamorError):
 
     def __reduce__(self):
         return (type(self), (self.worker_id, self.how))
+
+
+class ActionTimeoutError(ClamorError, TimeoutError):
+    """An action ran past its ``timeout`` (or the cluster's ``action_timeout``): its stage
+    was cancelled and its running tasks stopped; the cluster stays usable."""
+
+
+class NoWorkersError(WorkerLostError):
+    """No live worker is left to run a stage (every one was lost, none replaced yet)."""
+
+    def __init__(self, what: str, cause: str = "") -> None:
+        ClamorError.__init__(self, f"cannot run {what}: no live workers are left" + (f" (last: {cause})" if cause else ""))
+        self.worker_id, self.how, self.what, self.cause_text = None, "no live workers are left", what, cause
+
+    def __reduce__(self):
+        return (type(self), (self.what, self.cause_text))
 
 
 class SerializationError(ClamorError, TypeError):

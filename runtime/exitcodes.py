@@ -1,6 +1,9 @@
-"""Exit statuses of ``clamor-worker`` and how to describe a worker's end."""
+"""Exit statuses of ``clamor-worker``, how to describe a worker's end, and whether a
+process still runs (the driver asks it of its workers, a worker of its driver)."""
 
 import signal
+
+import psutil
 
 EXIT_OK = 0
 #: The driver could not be reached (at registration, by heartbeats, or its process is gone).
@@ -34,3 +37,14 @@ def describe_exit(code: int | None) -> str:
         return f"killed by signal {-code} ({name})"
     name = _NAMES.get(code)
     return f"exited with status {code}" + (f" ({name})" if name else "")
+
+
+def process_runs(pid: int) -> bool:
+    """Whether process ``pid`` exists and is neither stopped (SIGSTOP, a debugger) nor a
+    zombie: it runs, or sleeps (in a system call, or in a C call holding the GIL)."""
+    try:
+        return psutil.Process(pid).status() not in (
+            psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD,
+        )  # fmt: skip
+    except psutil.Error:
+        return False

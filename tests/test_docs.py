@@ -72,7 +72,7 @@ EXPECTED = {
                       "(0, 2)", "100000", "[0, 4, 16, 36, 64]", "5050", "(42, [])", "3", "45.0",
                       "[100 100 100 100 100 100 100 100 100 100]", "[0. 1. 2.]",
                       "[0.0, 500000.0, 1000000.0, 1500000.0]", "raised in the driver",
-                      "True", "True", "1"],
+                      "True", "True", "2", "3 3", "stopped after 1 s", "next"],
     "paging.md": ["0.0", "1.0", "[0.0]", "True", "[ReadSet([(0, 1), (3, 1)])]", "32 0", "auto True False",
                   "tcp False True"],
     "deployment.md": ["[True, True]", "['worker-0.log', 'worker-1.log']", "4950"],

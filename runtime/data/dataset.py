@@ -196,37 +196,40 @@ class Dataset:
 
     # --- actions ---
 
-    def _act(self, action: str, body: Callable[[plan.Job], Any]) -> Any:
-        return run_action(self._runner, action, body)
+    # Every action takes ``timeout``: seconds before its stages are cancelled and their
+    # running tasks stopped (ActionTimeoutError; default: the cluster's ``action_timeout``).
 
-    def collect(self) -> Any:
+    def _act(self, action: str, body: Callable[[plan.Job], Any], timeout: float | None) -> Any:
+        return run_action(self._runner, action, body, timeout)
+
+    def collect(self, timeout: float | None = None) -> Any:
         """All elements in the driver: one array if every partition is an array (concatenated
         along axis 0), else a list."""
-        return self._act("collect", lambda job: ops.concat(job.collect(self._node)))
+        return self._act("collect", lambda job: ops.concat(job.collect(self._node)), timeout)
 
-    def take(self, n: int) -> Any:
+    def take(self, n: int, timeout: float | None = None) -> Any:
         """The first ``n`` elements (fewer if there are not as many), like :meth:`collect`'s
         result cut to ``n``. Runs one partition, then four times as many per round, and
         stops as soon as it has ``n``: it does not compute the whole dataset."""
         if n < 0:
             raise ValueError(f"take needs n >= 0, got {n}")
-        return self._act("take", lambda job: job.take(self._node, n))
+        return self._act("take", lambda job: job.take(self._node, n), timeout)
 
-    def reduce(self, f: Callable[[Any, Any], Any]) -> Any:
+    def reduce(self, f: Callable[[Any, Any], Any], timeout: float | None = None) -> Any:
         """``f`` folded over all elements; ``f`` must be associative and commutative (partials
         combine across workers in a tree). ``ValueError`` for an empty dataset."""
-        return self._aggregate("reduce", Aggregate("reduce", f))
+        return self._aggregate("reduce", Aggregate("reduce", f), timeout)
 
-    def sum(self) -> Any:
+    def sum(self, timeout: float | None = None) -> Any:
         """The sum of all elements (array partitions are summed by numpy along axis 0); 0 if empty."""
-        return self._aggregate("sum", Aggregate("sum"))
+        return self._aggregate("sum", Aggregate("sum"), timeout)
 
-    def count(self) -> int:
+    def count(self, timeout: float | None = None) -> int:
         """The number of elements."""
-        return self._aggregate("count", Aggregate("count"))
+        return self._aggregate("count", Aggregate("count"), timeout)
 
-    def _aggregate(self, action: str, aggregate: Aggregate) -> Any:
-        return self._act(action, lambda job: job.aggregate(self._node, aggregate))
+    def _aggregate(self, action: str, aggregate: Aggregate, timeout: float | None) -> Any:
+        return self._act(action, lambda job: job.aggregate(self._node, aggregate), timeout)
 
 
 class DatasetSources:

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from clamor.runtime.data.ops import RecomputeTask, Redo
-from clamor.runtime.errors import ClamorError, MissingPartitionError
+from clamor.runtime.errors import MissingPartitionError, NoWorkersError
 from clamor.runtime.paging.read_sets import ReadSet
 from clamor.runtime.stage import DRIVER, PartitionKey, StageRunner, StageSpec, TaskSpec
 
@@ -367,10 +367,10 @@ def _stale(original: Sequence[tuple[int, int]], again: Sequence[tuple[int, int]]
 
 
 def check_workers(live: Iterable[int], what: str, cause: BaseException | None = None) -> None:
-    """A :class:`ClamorError` naming ``cause`` if no worker is ``live`` any more."""
+    """:class:`NoWorkersError` (a :class:`WorkerLostError`) naming ``cause`` if no worker
+    is ``live`` any more."""
     if not live:
-        detail = f" (last: {cause})" if cause is not None else ""
-        raise ClamorError(f"cannot run {what}: no live workers are left{detail}") from cause
+        raise NoWorkersError(what, "" if cause is None else str(cause)) from cause
 
 
 # --- the graph widgets draw ------------------------------------------------------------------

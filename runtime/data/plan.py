@@ -35,6 +35,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Self
 
+from clamor.runtime import deadlines
 from clamor.runtime.data import lineage
 from clamor.runtime.data.lineage import LineageGraph, TaskRun
 from clamor.runtime.data.ops import (
@@ -55,9 +56,11 @@ from clamor.runtime.data.ops import (
     length,
 )
 from clamor.runtime.errors import (
+    ActionTimeoutError,
     ClamorError,
     MissingPartitionError,
     SerializationError,
+    TaskCrashedError,
     TaskError,
     WorkerLostError,
 )
@@ -79,6 +82,8 @@ FAN_IN = 2
 MAX_ATTEMPTS = 4
 #: Seconds a runtime error waits for a worker loss to be noticed (see ``Job._lost``).
 LOSS_GRACE = 2.0
+#: Seconds a stage that lost every worker waits for their replacements before its rerun.
+REPLACEMENT_WAIT = 60.0
 
 _node_ids = itertools.count(1)
 _job_tokens = itertools.count(1)
@@ -391,6 +396,8 @@ class Job:
         cause: Exception | None = None
         for attempt in range(1, MAX_ATTEMPTS + 1):
             live = set(self.runner.workers)
+            if not live and cause is not None and hasattr(self.runner, "wait_for_workers"):
+                live = set(self.runner.wait_for_workers(1, timeout=REPLACEMENT_WAIT))  # lost ones replaced
             lineage.check_workers(live, label, cause)
             try:
                 self._recover_inputs(tasks, live)
@@ -428,8 +435,8 @@ class Job:
         counts if a worker of ``live`` turns out lost within :data:`LOSS_GRACE` seconds:
         the death of a process may be noticed a moment after its peers see it.
         """
-        if isinstance(error, lineage.UnrecoverableError):
-            return False
+        if isinstance(error, lineage.UnrecoverableError | TaskCrashedError | ActionTimeoutError):
+            return False  # a task that kills its workers (the scheduler's limit), or out of time
         if isinstance(error, WorkerLostError | MissingPartitionError):
             return True
         grace = LOSS_GRACE if _infrastructure(error) else 0.0
@@ -558,10 +565,14 @@ class Job:
         return list(groups.values())
 
 
-def run_action(runner: StageRunner, action: str, body: Callable[[Job], Any]) -> Any:
+def run_action(runner: StageRunner, action: str, body: Callable[[Job], Any],
+               timeout: float | None = None) -> Any:  # fmt: skip
     """Run ``body`` in a fresh :class:`Job` (its temporary partitions dropped at the end).
-    Partitions lost on the way are recomputed by :meth:`Job.run` from lineage."""
-    with Job(runner, action) as job:
+    Partitions lost on the way are recomputed by :meth:`Job.run` from lineage. Its stages
+    finish within ``timeout`` seconds (default: the runner's ``action_timeout``) or are
+    cancelled (runtime/deadlines.py)."""
+    seconds = timeout if timeout is not None else getattr(runner, "action_timeout", None)
+    with deadlines.limit(seconds, action), Job(runner, action) as job:
         return body(job)
 
 

@@ -16,6 +16,7 @@ events (``on_results``) on its own thread, together, inside ``gather()``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -42,6 +43,7 @@ from clamor.runtime.net.task_stream import (
     OnResults,
     end_frame,
     ending,
+    keep_alive,
 )
 from clamor.runtime.net.transport import prove_token_server, recv_exact
 from clamor.runtime.paging.page_client import tls_context
@@ -57,7 +59,8 @@ Gather = Callable[[], contextlib.AbstractContextManager]
 class StreamPoller:
     """One thread reading the plain task streams: each ready one's frames go to its link;
     every :data:`PING_INTERVAL` / 2 s it pings the links due and ends those silent for
-    :data:`~clamor.runtime.net.task_stream.LINK_TIMEOUT` s."""
+    :data:`~clamor.runtime.net.task_stream.LINK_TIMEOUT` s whose worker nobody vouches for
+    (its process runs: a task holds its GIL)."""
 
     def __init__(self, on_results: OnResults, on_end: OnEnd, gather: Gather = contextlib.nullcontext) -> None:
         self._on_results, self._on_end, self._gather = on_results, on_end, gather
@@ -145,8 +148,10 @@ class TaskStreamServer:
 
     def __init__(self, token: bytes, host: str, tls: TLSMaterial | None,
                  link_of: Callable[[int], DriverLink | None], on_results: OnResults,
-                 on_end: OnEnd, gather: Gather = contextlib.nullcontext) -> None:  # fmt: skip
+                 on_end: OnEnd, gather: Gather = contextlib.nullcontext,
+                 vouch: Callable[[int], bool] | None = None) -> None:  # fmt: skip
         self._token = token
+        self._vouch = vouch
         self._tls = tls_context(tls, server=True) if tls is not None else None
         self._link_of, self._on_results, self._on_end = link_of, on_results, on_end
         self._poller = StreamPoller(on_results, on_end, gather)
@@ -182,6 +187,7 @@ class TaskStreamServer:
         attached (a plain one handed to the poller), or ``None`` (refused, told why)."""
         if sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_alive(sock)
         if self._tls is not None:
             sock = self._tls.wrap_socket(sock, server_side=True)
         if not prove_token_server(sock, self._token):
@@ -206,6 +212,8 @@ class TaskStreamServer:
             elif not link.attach(conn, own):
                 refusal = (grpc.StatusCode.ALREADY_EXISTS, f"worker {first.worker_id} has a task stream already")
             else:
+                if self._vouch is not None:
+                    conn.vouch = functools.partial(self._vouch, first.worker_id)
                 if own is None:
                     self._poller.add(link, conn)
                 return conn, link

@@ -81,6 +81,21 @@ class LinkTimeout(ConnectionError):
     """Nothing was heard from the other end for :data:`LINK_TIMEOUT` s."""
 
 
+def keep_alive(sock: socket.socket) -> None:
+    """Have the kernel watch a TCP connection (a Unix one needs no watching): keepalive
+    probes while it is idle, and an error once what was sent stays unacknowledged for
+    :data:`LINK_TIMEOUT` s. The kernel answers the probes whatever the process does, so
+    a worker busy under the GIL keeps its link; a cut link or a dead host ends it."""
+    if sock.family == socket.AF_UNIX:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", PING_INTERVAL), ("TCP_KEEPINTVL", PING_INTERVAL),
+                          ("TCP_KEEPCNT", LINK_TIMEOUT // PING_INTERVAL),
+                          ("TCP_USER_TIMEOUT", LINK_TIMEOUT * 1000)):  # fmt: skip
+        if hasattr(socket, option):  # Linux has them all
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), max(1, int(value)))
+
+
 def frame(kind: int, body: bytes = b"") -> bytes:
     """One frame as the wire carries it."""
     return HEADER.pack(len(body), kind) + body
@@ -102,6 +117,9 @@ class Connection:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        #: Whether the other end is known to live though it is silent (its process runs,
+        #: busy holding its GIL): then silence does not end the stream (see check_heard).
+        self.vouch: Callable[[], bool] | None = None
         self._lock = threading.Lock()
         self._poll = select.poll()  # not select(): a driver of many workers has fds past 1024
         self._poll.register(sock, select.POLLIN)
@@ -161,9 +179,13 @@ class Connection:
         return self._parse(data) if data else None
 
     def check_heard(self) -> None:
-        """:class:`LinkTimeout` if nothing came for :data:`LINK_TIMEOUT` s."""
-        if time.monotonic() - self.last_heard > LINK_TIMEOUT:
-            raise LinkTimeout(f"nothing heard for {LINK_TIMEOUT:.0f} s")
+        """:class:`LinkTimeout` if nothing came for :data:`LINK_TIMEOUT` s, unless
+        :attr:`vouch` says the other end lives: a task holding the GIL for minutes (a long
+        C call) leaves its worker silent, not dead. A cut TCP link is found out by the
+        kernel meanwhile (:func:`keep_alive`), a dead process by its connection's reset."""
+        silent = time.monotonic() - self.last_heard
+        if silent > LINK_TIMEOUT and (self.vouch is None or not self.vouch()):
+            raise LinkTimeout(f"nothing heard for {silent:.0f} s")
 
     def _parse(self, data: bytes) -> list[tuple[int, bytes]]:
         """``data`` appended; the whole frames now in, taken out of the buffer."""
@@ -199,7 +221,7 @@ class DriverLink:
     def __init__(self, worker: int) -> None:
         self.worker = worker
         self._cond = threading.Condition()
-        self._conn: Connection | None = None
+        self._conn: Connection | None = None  # attached, until the stream ends
         self._backlog: list[bytes] = []  # frames for the writer thread, in order
         self._writing = False  # a thread is writing: later items join the backlog
         self._closed = False
@@ -235,6 +257,11 @@ class DriverLink:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def connected(self) -> bool:
+        """The worker's stream is attached and has not ended."""
+        return self._conn is not None and not self._closed
 
     def _send(self, message: pb.DriverMessage, attempts: int = 0) -> None:
         self._put(frame(MESSAGE, message.SerializeToString()), attempts)
@@ -403,6 +430,7 @@ def _connect(address: str, unix_name: str) -> socket.socket:
             sock.close()
     sock = socket.create_connection(split_address(address), timeout=HANDSHAKE_TIMEOUT)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    keep_alive(sock)
     return sock
 
 
@@ -433,16 +461,19 @@ def run_worker_stream(
     apply: Callable[[pb.DriverMessage], None],
     report_to: Callable[[Callable[[pb.WorkerMessage], None]], None],
     unix_name: str = "",
+    vouch: Callable[[], bool] | None = None,
 ) -> tuple[grpc.StatusCode, str]:
     """Open this worker's task stream and serve it until it ends: each DriverMessage goes
     to ``apply`` (on this thread, in order); ``report_to`` gets the function that sends
-    a WorkerMessage up (from any thread). Returns how the stream ended: ``OK`` when the
+    a WorkerMessage up (from any thread). ``vouch``: whether the driver lives though
+    silent (:attr:`Connection.vouch`). Returns how the stream ended: ``OK`` when the
     driver closed it (the cluster closes), else the code and what happened."""
     try:
         conn = open_stream(address, token, tls, pb.WorkerMessage(worker_id=worker_id).SerializeToString(),
                            unix_name)
     except (OSError, ValueError) as exc:
         return grpc.StatusCode.UNAVAILABLE, f"the task stream could not be opened at {address}: {exc}"
+    conn.vouch = vouch
     report_to(lambda message: conn.send(frame(MESSAGE, message.SerializeToString())))
     try:
         for kind, body in conn.frames():

@@ -1,9 +1,10 @@
 """gRPC plumbing of the control plane: servers, channels, tokens, wire helpers; and the
 token handshake of its plain-TCP channels (the task streams, the bulk partition server).
 
-Every call carries the cluster token and the protocol version as metadata; a
-server interceptor checks both on every service (``UNAUTHENTICATED`` for a
-missing or wrong token, ``FAILED_PRECONDITION`` for another protocol version).
+Every call carries a one-time proof of the cluster token (runtime/net/call_proofs.py:
+never the token) and the protocol version as metadata; a server interceptor checks
+both on every service (``UNAUTHENTICATED`` for a missing, wrong or replayed proof,
+``FAILED_PRECONDITION`` for another protocol version).
 Messages are bounded by :data:`MAX_MESSAGE_BYTES` in both directions. With
 ``tls`` (a :class:`~clamor.runtime.credentials.TLSMaterial`), servers and
 channels use mutual TLS with the cluster's own CA, and channels check the
@@ -17,6 +18,7 @@ import hashlib
 import hmac
 import logging
 import os
+import resource
 import socket
 import threading
 from collections.abc import Callable, Iterable
@@ -25,8 +27,11 @@ from typing import Any
 
 import grpc
 from clamor.runtime.credentials import TLS_SERVER_NAME, TLSMaterial
+from clamor.runtime.net.acceptor import PREAUTH_DEADLINE, RateLimitedLog
+from clamor.runtime.net.call_proofs import PROOF_METADATA_KEY, ProofChecker, prove
 
 logger = logging.getLogger("clamor.transport")
+_refusals = RateLimitedLog(logger)
 
 #: Version of the control-plane protocol (runtime/net/proto/clamor.proto, package clamor.v1).
 #: 2: attempts and results travel on the Scheduler.Session task stream (Worker.Launch,
@@ -35,8 +40,9 @@ logger = logging.getLogger("clamor.transport")
 #: task's read set travels packed (TaskReport.read_pages / read_versions).
 #: 4: an Assignment may run several tasks (``count``: a fused attempt of tiny tasks).
 #: 5: a task's read set travels as runs of pages at one version (TaskReport.read_runs).
-PROTOCOL_VERSION = "5"
-TOKEN_METADATA_KEY = "x-clamor-token"
+#: 6: calls carry a one-time proof of the token, not the token (x-clamor-proof);
+#: Worker.Interrupt stops a cancelled stage's running task.
+PROTOCOL_VERSION = "6"
 PROTOCOL_METADATA_KEY = "x-clamor-protocol"
 
 #: Largest gRPC message sent or received, either way.
@@ -131,22 +137,18 @@ def prove_token_client(sock: socket.socket, token: bytes) -> None:
 
 
 class _AuthInterceptor(grpc.ServerInterceptor):
-    """Refuses calls without the cluster token or with another protocol version."""
+    """Refuses calls without a good proof of the cluster token (runtime/net/call_proofs.py)
+    or with another protocol version."""
 
     def __init__(self, token: str) -> None:
-        self._token = token.encode()
+        self._proofs = ProofChecker(token.encode())
 
     def intercept_service(self, continuation, details):
         metadata = dict(details.invocation_metadata or ())
-        token = metadata.get(TOKEN_METADATA_KEY)
         version = metadata.get(PROTOCOL_METADATA_KEY)
-        if token is None:
-            refusal = (grpc.StatusCode.UNAUTHENTICATED, "missing cluster token (x-clamor-token)")
-        elif not hmac.compare_digest(str(token).encode(), self._token):
-            refusal = (
-                grpc.StatusCode.UNAUTHENTICATED,
-                "invalid cluster token (a token file from another cluster?)",
-            )
+        if (why := self._proofs.check(details.method, metadata.get(PROOF_METADATA_KEY))) is not None:
+            _refusals.warning("refused a gRPC call of %s: %s", details.method, why)
+            refusal = (grpc.StatusCode.UNAUTHENTICATED, why)
         elif version != PROTOCOL_VERSION:
             theirs = "no protocol version" if version is None else f"protocol version {version}"
             refusal = (
@@ -203,6 +205,17 @@ class Server:
         self._pool.shutdown(wait=join and not in_handler, cancel_futures=True)
 
 
+def _flood_options() -> list[tuple[str, int]]:
+    """A gRPC server's bounds against a flood of idle connections (the acceptors of the
+    plain-TCP ports have their own: runtime/net/acceptor.py): a connection that has not
+    finished its HTTP/2 handshake within :data:`PREAUTH_DEADLINE` s is dropped, and at
+    most half of this process's file descriptors (at least 64) hold connections."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cap = 1 << 20 if soft == resource.RLIM_INFINITY else max(64, soft // 2)
+    return [("grpc.server_handshake_timeout_ms", int(PREAUTH_DEADLINE * 1000)),
+            ("grpc.max_allowed_incoming_connections", cap)]  # fmt: skip
+
+
 def create_server(
     token: str,
     services: Iterable[tuple[Callable[[Any, grpc.Server], None], Any]],
@@ -221,7 +234,7 @@ def create_server(
     server and its ``host:port`` address.
     """
     pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=_HANDLER_THREADS)
-    options = _CHANNEL_OPTIONS + (_CONTROL_OPTIONS if control else [])
+    options = _CHANNEL_OPTIONS + (_CONTROL_OPTIONS if control else []) + _flood_options()
     server = grpc.server(pool, interceptors=[_AuthInterceptor(token)], options=options)
     for add, servicer in services:
         add(servicer, server)
@@ -257,16 +270,19 @@ class _MetadataInterceptor(
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
-    """Adds the token and protocol version to every call."""
+    """Adds a proof of the token (never the token) and the protocol version to every call."""
 
-    def __init__(self, metadata: list[tuple[str, str]]) -> None:
-        self._metadata = metadata
+    def __init__(self, token: bytes, protocol: str) -> None:
+        self._token = token
+        self._protocol = protocol
 
     def _with_metadata(self, d):
+        method = d.method if isinstance(d.method, str) else d.method.decode()
+        mine = [(PROOF_METADATA_KEY, prove(self._token, method)), (PROTOCOL_METADATA_KEY, self._protocol)]
         return _CallDetails(
             d.method,
             d.timeout,
-            list(d.metadata or ()) + self._metadata,
+            list(d.metadata or ()) + mine,
             d.credentials,
             getattr(d, "wait_for_ready", None),
             getattr(d, "compression", None),
@@ -293,7 +309,7 @@ def connect(
     protocol: str = PROTOCOL_VERSION,
     control: bool = False,
 ) -> grpc.Channel:
-    """A channel to ``address`` whose every call carries ``token`` and ``protocol``.
+    """A channel to ``address`` whose every call proves ``token`` and carries ``protocol``.
 
     With ``tls``: a mutual-TLS channel that trusts only the cluster's CA. ``control``:
     a worker's channel to the driver (:data:`_CONTROL_OPTIONS`).
@@ -307,5 +323,4 @@ def connect(
         )
         options = options + [("grpc.ssl_target_name_override", TLS_SERVER_NAME)]
         channel = grpc.secure_channel(address, credentials, options=options)
-    metadata = [(TOKEN_METADATA_KEY, token), (PROTOCOL_METADATA_KEY, protocol)]
-    return grpc.intercept_channel(channel, _MetadataInterceptor(metadata))
+    return grpc.intercept_channel(channel, _MetadataInterceptor(token.encode(), protocol))

@@ -85,12 +85,20 @@ class Budgets:
             for worker, size in worker_memory.items():
                 if isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
                     raise ValueError(f"worker_memory keys must be worker ids (ints >= 0), not {worker!r}")
+                if worker >= local_workers:
+                    raise ValueError(f"worker_memory names worker {worker}, but the cluster's workers "
+                                     f"are 0..{local_workers - 1}")  # fmt: skip
                 self.per_worker[worker] = to_bytes(size, f"worker_memory[{worker}]")
         elif worker_memory is not None:
             self.default = to_bytes(worker_memory, "worker_memory")
 
     def of(self, worker: int) -> WorkerBudget:
         return WorkerBudget(self.per_worker.get(worker, self.default), worker in self.zero_copy)
+
+    def inherit(self, new: int, lost: int) -> None:
+        """Worker ``new`` replaces ``lost``: it gets the budget ``lost`` was given."""
+        if lost in self.per_worker:
+            self.per_worker[new] = self.per_worker[lost]
 
     def free(self, held: Mapping[int, int], exclude: int, at_least: int) -> list[tuple[int, int]]:
         """R3S's spill targets: ``(worker, free partition memory)`` of the workers in ``held``

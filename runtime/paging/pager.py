@@ -133,7 +133,6 @@ class DriverPager:
             "paging_factory": "clamor.runtime.paging.pager:WorkerPager",
             "arena_size": self.arena_size,
             "page_size": self.page_size,
-            "page_token": self._token.hex(),
             "driver_host": self.host,
             "driver_page_port": self.port,
             "bind_host": host,
@@ -302,7 +301,7 @@ class WorkerPager:
         self.page_size = int(config["page_size"])
         self.arena_size = int(config["arena_size"])
         self.bind_host = config.get("bind_host", "127.0.0.1")
-        token = bytes.fromhex(config["page_token"])
+        token = bytes.fromhex(config["page_token"])  # the worker's own (never sent: runtime/worker/process.py)
         tls = TLSMaterial.from_json(config["page_tls"]) if config.get("page_tls") else None
         pem, _keep = _tls_pem(tls)
         err = ffi.new("char[]", _ERRLEN)

@@ -29,8 +29,15 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import grpc
+from clamor.runtime import deadlines
 from clamor.runtime.data import accumulators
-from clamor.runtime.errors import ClamorError, SerializationError, WorkerLostError
+from clamor.runtime.errors import (
+    ActionTimeoutError,
+    ClamorError,
+    SerializationError,
+    TaskCrashedError,
+    WorkerLostError,
+)
 from clamor.runtime.net import shipping
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
@@ -52,6 +59,7 @@ from clamor.runtime.scheduling.scheduler import (
     StageFailed,
     TaskResult,
 )
+from clamor.runtime.scheduling.stopping import Stopper
 from clamor.runtime.stage import DRIVER, PartitionKey, StageSpec, TaskSpec
 from clamor.runtime.storage.bulk import BulkClient, fetch_partition
 from clamor.runtime.storage.partitions import (
@@ -123,9 +131,12 @@ class Executor:
         speculation_factor: float = 2.0,
         bulk: BulkClient | None = None,
         fuse: bool = True,
+        kill: Callable[[int, str], None] = lambda worker, why: None,
     ) -> None:
         self._paging = paging
         self._bulk = bulk
+        #: Stops the running attempts of stages that are over (kills workers that do not).
+        self.stopper = Stopper(kill)
         self._poll = poll
         self._unreachable = unreachable
         self._min_ref_bytes = min_ref_bytes
@@ -309,9 +320,14 @@ class Executor:
             self.telemetry.cancelled(instruction.attempts)
             if (link := self._link(instruction.worker)) is not None:
                 link.cancel(instruction.attempts)
+                if instruction.stop:
+                    self.stopper.stop(instruction.worker, self._endpoints[instruction.worker].stub,
+                                      instruction.attempts)  # fmt: skip
         elif isinstance(instruction, StageDone | StageFailed):
             run = self._stages.pop(instruction.stage, None)
             error = instruction.error if isinstance(instruction, StageFailed) else None
+            if isinstance(error, TaskCrashedError) and run is not None:
+                error.name_stage(run.name, run.chunks[error.index] if run.chunks else None)
             self.telemetry.stage_ended(instruction.stage, error)
             if run is not None and not run.future.done():
                 if isinstance(instruction, StageDone):
@@ -414,9 +430,15 @@ class Executor:
                     tasks = self._with_cached(stage.tasks)
                 self.telemetry.stage_started(stage_id, stage.name, len(tasks), run.epoch,
                                              stage.recompute)  # fmt: skip
-                self._post(lambda s: self._submit(s, stage_id, tasks, run.future))
+                # the same program over the same tasks (a rerun after a failure): the tasks'
+                # losses carry over, so that one which kills its workers is found out
+                identity = (hash(program), len(tasks), size)
+                self._post(lambda s: self._submit(s, stage_id, tasks, run.future, identity))
                 try:
-                    results = self._wait(stage_id, run.future)
+                    results = self._wait(stage_id, run)
+                except BaseException:
+                    self._settle_stops()  # the next stage finds its workers free
+                    raise
                 finally:
                     self._stages.pop(stage_id, None)
             finally:
@@ -447,20 +469,27 @@ class Executor:
             for t in tasks
         ]
 
-    def _submit(self, state: SchedulerState, stage_id: int, tasks: list, future) -> list:
+    def _submit(self, state: SchedulerState, stage_id: int, tasks: list, future, key: Any) -> list:
         try:
-            return state.stage_submitted(stage_id, tasks, now=time.monotonic())
+            return state.stage_submitted(stage_id, tasks, now=time.monotonic(), key=key)
         except Exception as exc:  # noqa: BLE001 - e.g. bad task indices: the caller gets it
             self.telemetry.stage_ended(stage_id, exc)
             future.set_exception(exc)
             return []
 
-    def _wait(self, stage_id: int, future: concurrent.futures.Future) -> list[TaskResult]:
+    def _wait(self, stage_id: int, run: _StageRun) -> list[TaskResult]:
+        """The stage's results once it is done; until this thread's deadline
+        (runtime/deadlines.py), then :class:`ActionTimeoutError`. Ctrl-C or the
+        deadline cancel the stage (its running attempts are stopped, see :meth:`_settle_stops`)."""
+        limit = deadlines.current()
         try:
             while True:
+                wait = POLL_INTERVAL if limit is None else min(POLL_INTERVAL, limit[0] - time.monotonic())
                 try:
-                    return future.result(timeout=POLL_INTERVAL)
+                    return run.future.result(timeout=max(0.0, wait))
                 except concurrent.futures.TimeoutError:
+                    if limit is not None and time.monotonic() >= limit[0]:
+                        raise self._timed_out(stage_id, run, limit) from None
                     self._poll()
                     self._post(lambda s: s.tick(time.monotonic()))  # stragglers: speculation
         except KeyboardInterrupt as interrupt:
@@ -468,6 +497,23 @@ class Executor:
             error.__cause__ = interrupt
             self._post(lambda s: s.stage_cancelled(stage_id, error))
             raise
+
+    def _timed_out(self, stage_id: int, run: _StageRun, limit: tuple[float, float, str]) -> ActionTimeoutError:
+        """Cancel a stage past its action's deadline; the error to raise."""
+        progress = self.ask(lambda s: s.snapshot()["stages"].get(stage_id))
+        _, seconds, action = limit
+        done = "" if progress is None else f" ({progress['done']} of {progress['total']} tasks done)"
+        error = ActionTimeoutError(f"{action} did not finish within {seconds:g} s: stage {run.name or stage_id!r}"
+                                   f"{done} was cancelled and its running tasks stopped")  # fmt: skip
+        self._post(lambda s: s.stage_cancelled(stage_id, error))
+        return error
+
+    def _settle_stops(self) -> None:
+        """After a stage ended badly: wait until the events so far are carried out (its
+        cancels among them) and its running attempts stopped, or their workers killed."""
+        with contextlib.suppress(ClamorError):
+            self._post_and_wait(lambda s: [])
+        self.stopper.wait()
 
     def _release(self, stage: StageSpec, epoch: int) -> None:
         """After a stage at ``epoch``: if nothing will read that epoch again (no lineage
@@ -583,11 +629,14 @@ class Executor:
 
     def counters(self) -> dict[str, int]:
         """The scheduler's counters: ``tasks_rerun``, ``tasks_speculated``, ``tasks_replaced``,
-        ``tasks_lost`` (plain ints: safe to read from any thread)."""
-        return self._state.counters()
+        ``tasks_lost`` (plain ints: safe to read from any thread); the stopper's
+        ``tasks_interrupted`` and ``tasks_not_stopped`` (their workers killed)."""
+        return {**self._state.counters(), "tasks_interrupted": self.stopper.interrupted,
+                "tasks_not_stopped": self.stopper.killed}  # fmt: skip
 
     def close(self) -> None:
         self._closed = True
+        self.stopper.close()
         for run in list(self._stages.values()):
             if not run.future.done():
                 run.future.set_exception(ClamorError("the cluster was closed"))

@@ -14,8 +14,10 @@ Fault tolerance (DESIGN 6):
   own launch). An event without ``now`` leaves that start unknown until the next ``tick``,
   which takes its own time (a lower bound of the running time: never speculates early).
 - A lost worker's unfinished attempts are queued again for the live workers (unless
-  another attempt of the same task still runs). The stage fails with the loss's error
-  instead if a task is pinned there, if a task was lost ``max_attempts`` times or if no
+  another attempt of the same task still runs). Only the attempt it was running (its
+  head) is charged with the loss: a task charged ``max_attempts`` times (one that kills
+  its process) fails its stage with :class:`TaskCrashedError` instead of taking more
+  workers. The stage fails with the loss's error if a task is pinned there or if no
   worker is left; with :class:`MissingPartitionError` if a pending task needs a partition
   that is gone (the dataset layer recomputes it; the scheduler knows no lineage).
 - Stragglers (``tick``): see :class:`~clamor.runtime.scheduling.scheduler_policy.SpeculationPolicy`
@@ -36,12 +38,17 @@ Fault tolerance (DESIGN 6):
 
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
-from clamor.runtime.errors import MissingPartitionError, WorkerLostError
+from clamor.runtime.errors import (
+    MissingPartitionError,
+    TaskCrashedError,
+    WorkerLostError,
+)
 from clamor.runtime.scheduling.scheduler_policy import (  # the instructions live there, used from here
     FETCH_RATE,
     Attempt,
@@ -61,8 +68,12 @@ from clamor.runtime.scheduling.scheduler_policy import (  # the instructions liv
     group,
     pick_worker,
     place_stage,
+    pop_pending,
 )
 from clamor.runtime.stage import DRIVER, PartitionKey, TaskSpec
+
+#: Stage keys whose tasks' losses are kept for a rerun of the stage.
+CARRIED_KEYS = 64
 
 # --- the state machine -------------------------------------------------------
 
@@ -73,8 +84,8 @@ class SchedulerState:
     ``window``: the most attempts queued on one worker at once (the per-worker
     limit is ``ceil(unfinished tasks / live workers not marked slow)``, clamped to
     ``1..window``; a slow worker's is 1).
-    ``max_attempts``: how many attempts of one task may be lost with their worker
-    before its stage fails. ``speculation*``: see :class:`SpeculationPolicy`
+    ``max_attempts``: how many times a task may be running when its worker is lost
+    before its stage fails (Spark's ``task.maxFailures``). ``speculation*``: see :class:`SpeculationPolicy`
     (``speculation_min``: its ``minimum``, seconds). ``fetch_rate``: bytes per second the
     fetch-cost model charges for moving a task's input (:class:`FetchCost`).
     """
@@ -83,7 +94,7 @@ class SchedulerState:
         self,
         window: int = 32,
         *,
-        max_attempts: int = 4,
+        max_attempts: int = 3,
         speculation: bool = True,
         speculation_factor: float = 2.0,
         speculation_min: float = 0.05,
@@ -104,6 +115,8 @@ class SchedulerState:
         self._partitions = Registry()
         self._attempts: dict[int, tuple[int, Attempt]] = {}  # running: id -> (worker, attempt)
         self._speculative: set[int] = set()  # running attempts launched as copies
+        #: stage key -> {index: losses} of the stages that failed (a rerun starts from them)
+        self._carried: collections.OrderedDict[Hashable, dict[int, int]] = collections.OrderedDict()
         self._replaced: dict[int, tuple[int, Attempt]] = {}  # taken back from slow workers
         self._last_copy: int | None = None  # the worker that got the last copy
         self._next_attempt = 1
@@ -202,8 +215,9 @@ class SchedulerState:
     ) -> list[Instruction]:
         """A worker is gone: lose its partitions, run its unfinished attempts elsewhere.
 
-        Stages fail with ``error`` if a task is pinned there, was lost ``max_attempts``
-        times, or no worker is left; with :class:`MissingPartitionError` if a pending
+        Stages fail with ``error`` if a task is pinned there or no worker is left, with
+        :class:`TaskCrashedError` if the attempt it was running had its task charged
+        ``max_attempts`` losses; with :class:`MissingPartitionError` if a pending
         task needs a partition held there.
         """
         state = self._workers.get(worker)
@@ -228,10 +242,12 @@ class SchedulerState:
         return self._refill(out)
 
     def stage_submitted(
-        self, stage: int, tasks: Sequence[TaskSpec], *, now: float | None = None
+        self, stage: int, tasks: Sequence[TaskSpec], *, now: float | None = None, key: Hashable = None
     ) -> list[Instruction]:
         """Queue a stage's tasks (FIFO after the active stages) and place what fits.
 
+        ``key``: the program's identity: a stage run again with the same key (after it
+        failed) starts from the losses its tasks had (the last :data:`CARRIED_KEYS` keys).
         ``ValueError`` for a stage id seen before or indices other than 0..n-1; a task
         pinned to a dead worker or reading a partition nobody holds: StageFailed at once.
         """
@@ -247,7 +263,9 @@ class SchedulerState:
         dead = sorted({t.worker for t in specs if t.worker is not None} - set(self._workers))
         if dead:
             return [StageFailed(stage, WorkerLostError(dead[0], "not a live worker"))]
-        state = StageState(stage, specs)
+        state = StageState(stage, specs, key=key)
+        if key is not None:
+            state.losses = dict(self._carried.get(key, {}))
         if missing := self._missing(state, range(len(specs))):
             return [StageFailed(stage, MissingPartitionError(missing))]
         self._stages[stage] = state
@@ -309,6 +327,7 @@ class SchedulerState:
             if attempt.index in stage.copies:
                 out += self._cancel(stage, stage.copies[attempt.index])
             if len(stage.results) == len(stage.specs):
+                self._carried.pop(stage.key, None)  # it works: a rerun starts afresh
                 self._end(stage)
                 results = tuple(stage.results[i] for i in range(len(stage.specs)))
                 out.append(StageDone(stage.id, results))
@@ -410,6 +429,8 @@ class SchedulerState:
         self._speculative.discard(attempt_id)
         state = self._workers[worker]
         del state.running[attempt_id]
+        if state.isolated == attempt_id:
+            state.isolated = None
         self._set_head(state)
         stage = self._stages[attempt.stage]
         del stage.running[attempt_id]
@@ -442,7 +463,12 @@ class SchedulerState:
     def _recover(
         self, stage: StageState, worker: int, lost: list[int], error: BaseException
     ) -> list[Instruction]:
-        """``worker`` was lost with attempts of these indices: queue them again, or fail."""
+        """``worker`` was lost with attempts of these indices: queue them again, or fail.
+        Each counts a loss: at ``max_attempts`` the stage fails with :class:`TaskCrashedError`."""
+        for index in lost:
+            losses = self._charge(stage, index)
+            if index not in stage.copies and losses >= self.max_attempts:
+                return self._fail(stage, TaskCrashedError(index, losses, str(error)))
         if not self._workers:
             return self._fail(stage, error)
         pinned = stage.pinned.pop(worker, [])
@@ -451,20 +477,22 @@ class SchedulerState:
             i in stage.pending for i in pinned
         ):
             return self._fail(stage, error)
-        again = []
-        for index in lost:
-            stage.losses[index] = stage.losses.get(index, 0) + 1
-            if index in stage.copies:
-                continue  # another attempt of it still runs
-            if stage.losses[index] >= self.max_attempts:
-                return self._fail(stage, error)
-            again.append(index)
-        for index in again:
+        for index in (i for i in lost if i not in stage.copies):  # else another attempt runs
             stage.rerun.add(index)
             self._enqueue(stage, index)
         if missing := self._missing(stage, sorted(stage.pending)):
             return self._fail(stage, MissingPartitionError(missing))
         return []
+
+    def _charge(self, stage: StageState, index: int) -> int:
+        """Count a loss against task ``index`` (kept for a rerun of the stage); its losses."""
+        losses = stage.losses[index] = stage.losses.get(index, 0) + 1
+        if stage.key is not None:
+            self._carried.setdefault(stage.key, {})[index] = losses
+            self._carried.move_to_end(stage.key)
+            while len(self._carried) > CARRIED_KEYS:
+                self._carried.popitem(last=False)
+        return losses
 
     def _missing(self, stage: StageState, indices: Iterable[int]) -> list[PartitionKey]:
         """The input keys of these tasks that nobody holds, first-seen order, once each."""
@@ -476,6 +504,10 @@ class SchedulerState:
         stage.pending.add(index)
         if spec.worker is not None:
             heapq.heappush(stage.pinned.setdefault(spec.worker, []), index)
+            return
+        if stage.losses.get(index):
+            stage.suspected.add(index)
+            heapq.heappush(stage.suspects, index)  # runs alone (see _place_suspects)
             return
         heapq.heappush(stage.unpinned, index)
         held = self._partitions.held(spec.inputs)
@@ -491,6 +523,7 @@ class SchedulerState:
     def _requeue(self, stage: StageState) -> None:
         """Rebuild a stage's queues (after the registry changed under its preferences)."""
         stage.pinned, stage.preferred, stage.unpinned = {}, {}, []
+        stage.suspected, stage.suspects = set(), []
         stage.prefers, stage.waiting = {}, {}
         for index in sorted(stage.pending):
             self._enqueue(stage, index)
@@ -499,7 +532,7 @@ class SchedulerState:
         """Enter partitions held by ``holder``; copies displaced from other holders are dropped."""
         return [Drop(h, tuple(ks)) for h, ks in self._partitions.add(holder, sizes).items()]
 
-    def _cancel(self, stage: StageState, attempt_ids: Iterable[int]) -> list[Instruction]:
+    def _cancel(self, stage: StageState, attempt_ids: Iterable[int], stop: bool = False) -> list[Instruction]:
         """Stop these running attempts of ``stage``: one Cancel per worker (those placed
         in this same event were never sent: they just leave the batch)."""
         cancels = []
@@ -508,12 +541,13 @@ class SchedulerState:
             self._forget(worker, attempt_id)
             if self._batch.get(worker, {}).pop(attempt_id, None) is None:
                 cancels.append((worker, attempt_id))
-        return [Cancel(w, tuple(ids)) for w, ids in group(cancels).items()]
+        return [Cancel(w, tuple(ids), stop) for w, ids in group(cancels).items()]
 
     def _fail(self, stage: StageState, error: BaseException) -> list[Instruction]:
-        """End a stage with ``error``: drop its pending tasks, cancel its running attempts."""
-        cancels = self._cancel(stage, list(stage.running))
+        """End a stage with ``error``: drop its pending tasks, stop its running attempts."""
+        cancels = self._cancel(stage, list(stage.running), stop=True)
         stage.pending.clear()
+        stage.suspected.clear()
         self._end(stage)
         return [StageFailed(stage.id, error), *cancels]
 
@@ -555,7 +589,9 @@ class SchedulerState:
         if rerun:
             stage.rerun.discard(index)
             self.tasks_rerun += 1
-        self._start(stage, index, worker, rerun=rerun)
+        attempt = self._start(stage, index, worker, rerun=rerun)
+        if stage.losses.get(index) and stage.specs[index].worker is None:
+            self._workers[worker].isolated = attempt.id  # a suspect: nothing goes behind it
         return True
 
     def _stragglers(self, now: float, pending: bool) -> list[tuple[int, Attempt]]:
@@ -614,8 +650,8 @@ class SchedulerState:
         for _, attempt in self._stragglers(now, pending=False):
             stage = self._stages[attempt.stage]
             spec = attempt.spec
-            if spec.worker is not None or attempt.index in stage.speculated:
-                continue
+            if spec.worker is not None or attempt.index in stage.speculated or stage.losses.get(attempt.index):
+                continue  # pinned, copied before, or a suspect (it may kill what it runs on)
             if any(key not in self._partitions for key in spec.inputs):
                 continue  # the original has what it needs; a copy would not
             target = pick_worker(idle, self._partitions.held(spec.inputs), self._last_copy)
@@ -643,16 +679,35 @@ class SchedulerState:
             placing = False
             limit = self.limit
             room = {
-                w: self._cap(s, limit) - len(s.running) for w, s in sorted(self._workers.items())
+                w: 0 if s.isolated is not None else self._cap(s, limit) - len(s.running)
+                for w, s in sorted(self._workers.items())
             }
             for stage in list(self._stages.values()):
                 if not any(r > 0 for r in room.values()):
                     break
                 launch = functools.partial(self._launch, stage, out)
                 worth = functools.partial(self._worth_moving, stage)
+                if stage.suspects and not self._place_suspects(stage, room, launch):
+                    placing = True
+                    break
                 if stage.pending and not place_stage(stage, room, launch, worth):
                     placing = True  # a stage failed and freed slots: place again
                     break
+
+    def _place_suspects(self, stage: StageState, room: dict[int, int], launch) -> bool:
+        """Give the stage's suspects (tasks whose worker was lost while they ran there, or
+        may have been) each an idle worker to run on alone: lost again, it alone is charged
+        (the first loss cannot tell the attempt a worker ran from those queued behind it,
+        or those it finished unreported). ``False`` if a launch failed the stage."""
+        idle = [w for w, r in room.items() if r > 0 and not self._workers[w].running]
+        for worker in idle:
+            index = pop_pending(stage.suspected, stage.suspects)
+            if index is None:
+                break
+            if not launch(index, worker):
+                return False
+            room[worker] = 0
+        return True
 
     def _worth_moving(self, stage: StageState, index: int, worker: int) -> bool:
         """Whether task ``index`` should run on ``worker`` rather than wait for the worker

@@ -50,10 +50,14 @@ class Launch:
 @dataclasses.dataclass(frozen=True)
 class Cancel:
     """Tell ``worker`` to abandon these attempt ids (their results will be ignored, but
-    the first result of a task whose queued attempt was taken back from a slow worker)."""
+    the first result of a task whose queued attempt was taken back from a slow worker).
+
+    ``stop``: their stage is over (failed or cancelled): the one running is interrupted,
+    and the worker is killed if it does not stop (it would hold up the next stage)."""
 
     worker: int
     attempts: tuple[int, ...]
+    stop: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,11 +245,12 @@ def pick_worker(candidates: Collection[int], held: dict[int, float], after: int 
     return min(candidates, key=lambda w: (-held.get(w, 0), w <= after, w))
 
 
-def pop_pending(pending: Collection[int], heap: list[int] | None) -> int | None:
-    """The lowest index of ``heap`` still in ``pending`` (removed from the heap), or ``None``."""
+def pop_pending(pending: Collection[int], heap: list[int] | None, skip: Collection[int] = ()) -> int | None:
+    """The lowest index of ``heap`` still in ``pending`` and not in ``skip`` (removed from
+    the heap), or ``None``."""
     while heap:
         index = heapq.heappop(heap)
-        if index in pending:
+        if index in pending and index not in skip:
             return index
     return None
 
@@ -267,7 +272,7 @@ def place_stage(
     for queues in (stage.pinned, stage.preferred):
         for worker, queue in sorted(queues.items()):
             while room.get(worker, 0) > 0:
-                index = pop_pending(stage.pending, queue)
+                index = pop_pending(stage.pending, queue, stage.suspected)
                 if index is None:
                     break
                 if not launch(index, worker):
@@ -281,7 +286,7 @@ def place_stage(
             _, worker = heapq.heappop(free)
             index = None
             while len(skipped) < MAX_SKIPS:
-                index = pop_pending(stage.pending, stage.unpinned)
+                index = pop_pending(stage.pending, stage.unpinned, stage.suspected)
                 holder = stage.prefers.get(index, (worker,))[0] if index is not None else worker
                 if holder == worker or worth_moving is None or worth_moving(index, worker):
                     break
@@ -416,6 +421,8 @@ class WorkerState:
     since: float | None = None
     tasks_done: int = 0
     slow: int | None = None
+    #: the attempt of a suspect task it runs alone (nothing is queued behind it)
+    isolated: int | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -440,6 +447,7 @@ class StageState:
     def settle(self, index: int) -> None:
         """``index`` leaves the pending tasks: it no longer waits for its preferred worker."""
         self.pending.discard(index)
+        self.suspected.discard(index)
         preferred = self.prefers.pop(index, None)
         if preferred is not None:
             self.waiting[preferred[0]] -= 1
@@ -454,7 +462,14 @@ class StageState:
     silences: SortedSample = dataclasses.field(default_factory=SortedSample)
     #: indices that got their one speculative copy.
     speculated: set[int] = dataclasses.field(default_factory=set)
-    #: index -> how many of its attempts were lost with their worker.
+    #: index -> how many times its worker was lost while it ran there (or may have: see
+    #: ``SchedulerState.worker_lost``); carried over from earlier stages of the same ``key``.
     losses: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: the pending indices with losses (suspects), and a heap of them: each runs alone on
+    #: an idle worker (a heap of the other queues may hold one of them still: skipped).
+    suspected: set[int] = dataclasses.field(default_factory=set)
+    suspects: list[int] = dataclasses.field(default_factory=list)
+    #: the program's identity across stages (a rerun of a failed stage has the same).
+    key: Any = None
     #: pending indices queued again after a loss (counted in ``tasks_rerun`` at launch).
     rerun: set[int] = dataclasses.field(default_factory=set)

@@ -40,11 +40,17 @@ from clamor.runtime.exitcodes import (
     EXIT_DRIVER_UNREACHABLE,
     EXIT_OK,
     EXIT_SETUP_FAILED,
+    process_runs,
 )
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.task_stream import run_worker_stream
-from clamor.runtime.net.transport import connect, create_server, format_address, split_address
+from clamor.runtime.net.transport import (
+    connect,
+    create_server,
+    format_address,
+    split_address,
+)
 from clamor.runtime.paging.memory import WorkerBudget
 from clamor.runtime.paging.paging_api import NullWorkerPaging, load_factory
 from clamor.runtime.storage.bulk import BulkServer
@@ -78,8 +84,8 @@ def _die(code: int, message: str) -> None:
 
 
 class WorkerServicer(pb_grpc.WorkerServicer):
-    """The ``Worker`` service: invalidations, partitions, stats and shutdown (attempts
-    come on the task stream)."""
+    """The ``Worker`` service: invalidations, partitions, stats, interrupts and shutdown
+    (attempts come on the task stream)."""
 
     def __init__(self) -> None:
         self.executor: WorkerExecutor | None = None
@@ -138,6 +144,11 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         stats.update(executor.inputs_read)
         stats.update(executor.paging.stats())
         return pb.StatsReply(stats=pickle.dumps(stats))
+
+    def Interrupt(self, request, context):
+        executor = self._ready(context)
+        grace = min(max(request.grace, 0.0), 60.0)
+        return pb.InterruptReply(stopped=executor.interrupt(list(request.attempt_ids), grace))
 
     def Shutdown(self, request, context):
         self.shutdown_requested.set()
@@ -235,12 +246,15 @@ def _watchdog(scheduler, worker_id: int, parent_pid: int | None) -> None:
 
 def _serve_stream(
     address: str, unix_name: str, credentials: Credentials, worker_id: int,
-    executor: WorkerExecutor, shutdown: threading.Event,
+    executor: WorkerExecutor, shutdown: threading.Event, parent_pid: int | None,
 ) -> None:  # fmt: skip
     """Serve the task stream (at the driver's Unix socket ``unix_name`` if this host has
-    it, else ``address``); when it ends (and no shutdown is under way), exit saying why."""
+    it, else ``address``); when it ends (and no shutdown is under way), exit saying why.
+    A silent driver is waited for while its process runs (``parent_pid``, on this host:
+    it may hold its GIL), or while the kernel keeps the TCP link (another host)."""
+    vouch = (lambda: process_runs(parent_pid)) if parent_pid is not None else (lambda: True)
     code, why = run_worker_stream(address, credentials.token.encode(), credentials.tls, worker_id,
-                                  executor.apply, executor.report_to, unix_name)  # fmt: skip
+                                  executor.apply, executor.report_to, unix_name, vouch)  # fmt: skip
     if shutdown.is_set():
         return  # the main thread exits
     if code == grpc.StatusCode.OK:
@@ -352,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = pickle.loads(reply.config)
+        config["page_token"] = credentials.token.encode().hex()  # the driver never sends it
         factory = config.get("paging_factory")
         paging = load_factory(factory)(worker_id, config) if factory else NullWorkerPaging()
         info = paging.info()
@@ -380,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(
         target=_serve_stream,
         args=(stream_address, config.get("task_stream_unix", ""), credentials, worker_id, executor,
-              servicer.shutdown_requested),
+              servicer.shutdown_requested, args.parent_pid),
         name="clamor-stream",
         daemon=True,
     ).start()

@@ -45,6 +45,7 @@ from clamor.runtime.storage.partitions import (
     decode_key,
     encode_key,
 )
+from clamor.runtime.worker.interrupts import Interrupter
 
 logger = logging.getLogger("clamor.worker")
 
@@ -138,6 +139,7 @@ class WorkerExecutor:
         self.bulk = None if credentials.tls else BulkClient(credentials.token.encode())
         self._running: int | None = None  # the attempt running now
         self._busy = False  # a thread runs a queued item now (an attempt or exclusive work)
+        self._interrupts = Interrupter()
         threading.Thread(target=self._run_loop, name="clamor-tasks", daemon=True).start()
 
     # --- from the task stream ---
@@ -179,6 +181,21 @@ class WorkerExecutor:
                 for q in self._queue
                 if isinstance(q, _Exclusive) or q.assignment.attempt_id not in self._cancelled
             )
+
+    def interrupt(self, attempt_ids: list[int], grace: float) -> bool:
+        """Abandon these attempts and raise :class:`TaskInterrupted` in the one running, if
+        any; whether none of them runs ``grace`` seconds later (a long C call does)."""
+        ids = set(attempt_ids)
+        self.cancel(attempt_ids)
+        self._interrupts.interrupt(ids)
+        deadline = time.monotonic() + grace
+        while True:
+            with self._cond:
+                if self._running not in ids:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
     def drop(self, keys: list[bytes]) -> None:
         """Free partitions (pickled keys); a key that does not unpickle is logged and skipped."""
@@ -309,17 +326,18 @@ class WorkerExecutor:
         try:
             self.paging.begin_task(item.epoch)
             try:
-                if isinstance(program, _Encoded):  # errors (a module missing here) fail the attempt
-                    program = self._decode(item.stage, program)
-                if a.count > 1:  # one read set for all; a task that raises ends it, by its index
-                    contexts, values = [], []
-                    for index in range(a.index, a.index + a.count):
-                        ctx = TaskContext(index, (), fetch, self._store.put)
-                        contexts.append(ctx)
-                        values.append(run_program(program, ctx))
-                    value = values if any(v is not None for v in values) else None
-                else:
-                    value = run_program(program, ctx)
+                with self._interrupts.user_code(a.attempt_id):
+                    if isinstance(program, _Encoded):  # errors (a module missing here) fail the attempt
+                        program = self._decode(item.stage, program)
+                    if a.count > 1:  # one read set for all; a task that raises ends it, by its index
+                        contexts, values = [], []
+                        for index in range(a.index, a.index + a.count):
+                            ctx = TaskContext(index, (), fetch, self._store.put)
+                            contexts.append(ctx)
+                            values.append(run_program(program, ctx))
+                        value = values if any(v is not None for v in values) else None
+                    else:
+                        value = run_program(program, ctx)
             finally:
                 read_set = self.paging.end_task()
             report = pb.TaskReport(attempt_id=a.attempt_id, index=a.index, status=pb.OK)

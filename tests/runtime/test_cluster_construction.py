@@ -40,3 +40,28 @@ def test_a_failed_constructor_leaves_the_process_clean(options, error, match):
     assert threading.active_count() == threads
     with Cluster(workers=1) as cluster:  # and the next one starts
         assert cluster.run(abs, -3) == 3
+
+
+@pytest.mark.parametrize("during", ["_throttle", "_launcher"])
+def test_a_ctrl_c_during_close_still_closes_and_the_next_cluster_starts(during, monkeypatch):
+    """The interrupt (here from inside close: stopping the throttle, or while the workers
+    are given their seconds to exit) is held until the cluster is closed, then raised:
+    the workers are gone, the pager is freed, and a new cluster starts in this process."""
+    import _thread
+
+    cluster = Cluster(2, timeout=60)
+    pids = [cluster.worker_pid(w) for w in cluster.workers]
+    part = getattr(cluster, during)
+    close = part.close
+
+    def interrupted_close(*args, **kwargs):
+        _thread.interrupt_main()  # as a notebook's interrupt button, mid-close
+        return close(*args, **kwargs)
+
+    monkeypatch.setattr(part, "close", interrupted_close)
+    with pytest.raises(KeyboardInterrupt):
+        cluster.close()
+    assert cluster.closed
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    with Cluster(1, timeout=60) as again:
+        assert again.run(lambda: 3) == 3

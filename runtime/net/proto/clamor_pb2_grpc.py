@@ -324,6 +324,11 @@ class WorkerStub(object):
                 request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ShutdownRequest.SerializeToString,
                 response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ShutdownReply.FromString,
                 )
+        self.Interrupt = channel.unary_unary(
+                '/clamor.v1.Worker/Interrupt',
+                request_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.InterruptRequest.SerializeToString,
+                response_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.InterruptReply.FromString,
+                )
 
 
 class WorkerServicer(object):
@@ -372,6 +377,15 @@ class WorkerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Interrupt(self, request, context):
+        """Stop the running attempt if it is one of these (its stage was cancelled: Ctrl-C, a
+        timeout, a failure): its thread gets an exception. ``stopped``: none of them runs
+        any more within ``grace`` seconds (else the driver kills the worker).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -404,6 +418,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Shutdown,
                     request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ShutdownRequest.FromString,
                     response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ShutdownReply.SerializeToString,
+            ),
+            'Interrupt': grpc.unary_unary_rpc_method_handler(
+                    servicer.Interrupt,
+                    request_deserializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.InterruptRequest.FromString,
+                    response_serializer=clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.InterruptReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -517,5 +536,22 @@ class Worker(object):
         return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/Shutdown',
             clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ShutdownRequest.SerializeToString,
             clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.ShutdownReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Interrupt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/clamor.v1.Worker/Interrupt',
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.InterruptRequest.SerializeToString,
+            clamor_dot_runtime_dot_net_dot_proto_dot_clamor__pb2.InterruptReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,11 @@
 
 #define IDLE_TIMEOUT_MS (24 * 3600 * 1000) /* connections are long-lived */
 #define HANDSHAKE_TIMEOUT_MS 5000
+/* Connections served at once before they prove the token: a flood of idle ones beyond it
+ * is closed at once, so it cannot hold the process's file descriptors and threads. */
+#define PENDING_LIMIT 64
+/* How often the acceptor, idle, joins finished connection threads and closes their fds. */
+#define REAP_INTERVAL_MS 1000
 
 typedef struct conn {
     pthread_t thread;
@@ -34,6 +40,7 @@ struct cl_server {
     pthread_mutex_t lock;
     conn *conns;
     atomic_int stopping;
+    atomic_int pending; /* connections not through their handshake yet */
 };
 
 static void count(uint64_t *counter, uint64_t n) {
@@ -120,12 +127,14 @@ static void *conn_main(void *arg) {
         refused = 1;
     }
     if (refused || cl_server_handshake(c->fd, s->token, s->token_len, &client)) {
+        atomic_fetch_sub(&s->pending, 1);
         if (!atomic_load(&s->stopping)) {
             log_refusal(c->ip, why);
             count(s->svc.auth_failures, 1);
         }
         goto out;
     }
+    atomic_fetch_sub(&s->pending, 1);
     cl_set_timeouts(c->fd, IDLE_TIMEOUT_MS);
     uint8_t *buf = malloc(s->svc.page_size);
     if (!buf) goto out;
@@ -176,6 +185,14 @@ static void reap(cl_server *s, int all) {
 static void *accept_main(void *arg) {
     cl_server *s = arg;
     for (;;) {
+        struct pollfd ready = {.fd = s->listen_fd, .events = POLLIN};
+        if (poll(&ready, 1, REAP_INTERVAL_MS) == 0) { /* idle: free what ended meanwhile */
+            if (atomic_load(&s->stopping)) break;
+            pthread_mutex_lock(&s->lock);
+            reap(s, 0);
+            pthread_mutex_unlock(&s->lock);
+            continue;
+        }
         struct sockaddr_in sa;
         socklen_t sl = sizeof sa;
         int fd = accept4(s->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC);
@@ -190,6 +207,13 @@ static void *accept_main(void *arg) {
             }
             break;
         }
+        char ip[INET_ADDRSTRLEN];
+        if (!inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip)) strcpy(ip, "?");
+        if (atomic_load(&s->pending) >= PENDING_LIMIT) {
+            close(fd);
+            log_refusal(ip, "too many connections still proving the token");
+            continue;
+        }
         conn *c = calloc(1, sizeof *c);
         if (!c) {
             close(fd);
@@ -197,10 +221,12 @@ static void *accept_main(void *arg) {
         }
         c->fd = fd;
         c->server = s;
-        if (!inet_ntop(AF_INET, &sa.sin_addr, c->ip, sizeof c->ip)) strcpy(c->ip, "?");
+        memcpy(c->ip, ip, sizeof ip);
         pthread_mutex_lock(&s->lock);
         reap(s, 0);
+        atomic_fetch_add(&s->pending, 1);
         if (pthread_create(&c->thread, NULL, conn_main, c)) {
+            atomic_fetch_sub(&s->pending, 1);
             close(fd);
             free(c);
         } else {

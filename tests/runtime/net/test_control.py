@@ -89,7 +89,7 @@ def wait_gone(pids, timeout: float) -> list[int]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    with Cluster(2, paging=NullDriverPaging(), timeout=30) as c:
+    with Cluster(2, paging=NullDriverPaging(), timeout=30, restarts=0) as c:
         yield c
 
 
@@ -298,7 +298,7 @@ def test_a_launch_key_claims_only_its_own_reservation():
 
 
 def test_lost_workers_raise_worker_lost_error():
-    with Cluster(2, paging=NullDriverPaging(), timeout=30) as c:
+    with Cluster(2, paging=NullDriverPaging(), timeout=30, restarts=0) as c:
         pid0 = c.worker_stats()[0]["pid"]
         killer = threading.Timer(1.0, c.kill_worker, (0,))
         killer.start()
@@ -326,7 +326,7 @@ def test_a_worker_the_driver_finds_unreachable_and_kills_keeps_that_reason(monke
     """The thread that finds a stopped worker unreachable kills it and says so; a refresh
     that sees the process dead in between must not get in first with a bare "killed by
     signal 9" (the keepalive test's flake on a loaded machine, made certain here)."""
-    with Cluster(2, paging=NullDriverPaging(), speculation=False, timeout=30) as c:
+    with Cluster(2, paging=NullDriverPaging(), speculation=False, timeout=30, restarts=0) as c:
         launcher = c._launcher
         kill = launcher.kill
 

@@ -181,6 +181,38 @@ def test_silence_ends_the_stream_on_both_ends(monkeypatch):
         list(Connection(quiet).frames())
 
 
+def test_silence_of_an_end_someone_vouches_for_does_not_end_the_stream(monkeypatch):
+    """A worker whose task holds the GIL cannot answer: while its process runs (the
+    cluster vouches for it), its silence is waited out; once nobody vouches, it ends."""
+    monkeypatch.setattr(task_stream, "LINK_TIMEOUT", 0.2)
+    alive = [True]
+    mine, other = socket.socketpair()
+    conn = Connection(mine)
+    conn.vouch = lambda: alive[0]
+    conn.last_heard -= 5.0
+    conn.check_heard()  # vouched for: no error
+    alive[0] = False
+    with pytest.raises(task_stream.LinkTimeout, match="nothing heard for 5 s"):
+        conn.check_heard()
+    conn.close()
+    other.close()
+
+
+def test_tcp_streams_are_watched_by_the_kernel():
+    """Keepalive probes and a user timeout: the kernel, which answers them whatever the
+    process does, finds a cut link within LINK_TIMEOUT; a Unix socket needs none."""
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as sock:
+        task_stream.keep_alive(sock)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == task_stream.LINK_TIMEOUT * 1000
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == int(task_stream.PING_INTERVAL)
+    unix, other = socket.socketpair()
+    task_stream.keep_alive(unix)  # nothing to set
+    assert unix.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+    unix.close()
+    other.close()
+
+
 # --- a cluster ---------------------------------------------------------------------------
 
 
@@ -194,7 +226,7 @@ def test_the_poller_ends_its_thread_and_closes_its_fds():
 
 @pytest.fixture
 def cluster():
-    with Cluster(2, paging=NullDriverPaging(), speculation=False, timeout=30) as c:
+    with Cluster(2, paging=NullDriverPaging(), speculation=False, timeout=30, restarts=0) as c:
         yield c
 
 
@@ -352,7 +384,7 @@ def _patient_launcher(net):
 def test_a_cut_link_ends_the_stream_and_the_worker_is_lost(net):
     launcher = _patient_launcher(net)
     with Cluster(2, launcher=launcher, host=net.driver_address, paging=NullDriverPaging(),
-                 speculation=False, timeout=60) as cluster:  # fmt: skip
+                 speculation=False, timeout=60, restarts=0) as cluster:  # fmt: skip
         assert cluster.workers == [0, 1]
         transports = lambda: {s["transport"] for s in cluster.stats()["task_streams"].values()}
         wait_for(lambda: "" not in transports())  # both streams open

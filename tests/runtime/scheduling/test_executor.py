@@ -18,7 +18,7 @@ from clamor.runtime.storage.partitions import CHUNK_BYTES
 
 @pytest.fixture(scope="module")
 def cluster():
-    with Cluster(2, timeout=30) as c:
+    with Cluster(2, timeout=30, restarts=0) as c:  # losses stay visible
         yield c
 
 

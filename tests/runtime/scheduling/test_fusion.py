@@ -123,7 +123,7 @@ def test_the_chunks_of_a_killed_worker_run_again_elsewhere(tmp_path):
             time.sleep(0.0005)  # a chunk of 64: 32 ms
         return ctx.index
 
-    with Cluster(2, timeout=30, paging=NullDriverPaging()) as cluster:  # the module's has the arena
+    with Cluster(2, timeout=30, paging=NullDriverPaging(), restarts=0) as cluster:  # the module's has the arena
         assert cluster.execute(stage(sleepy, 4000)) == list(range(4000))  # tiny
         open(slow, "w").close()
         threading.Timer(0.5, os.kill, (cluster.worker_pid(0), signal.SIGKILL)).start()

@@ -8,7 +8,11 @@ returns, as the driver loop would.
 from __future__ import annotations
 
 import pytest
-from clamor.runtime.errors import MissingPartitionError, WorkerLostError
+from clamor.runtime.errors import (
+    MissingPartitionError,
+    TaskCrashedError,
+    WorkerLostError,
+)
 from clamor.runtime.scheduling.scheduler import (
     Cancel,
     Launch,
@@ -41,29 +45,33 @@ def test_losing_a_worker_loses_its_partitions():
     assert state.workers == [1]
 
 
-def test_a_lost_workers_attempts_run_elsewhere_and_the_stage_completes():
+def test_a_lost_workers_attempts_run_elsewhere_alone_and_the_stage_completes():
+    """Each lost attempt is a suspect (the worker may have died of it): it waits for an
+    idle worker and runs there alone, new attempts in index order."""
     state = cluster(0, 1)
     placed = launched(state.stage_submitted(1, tasks(4)))
     out = state.worker_lost(0, WorkerLostError(0, "exit 1"))
-    rerun = launched(out)
-    assert list(rerun) == [1] and of(out, StageFailed) == []
-    assert indices(placed[0]) == indices(rerun[1]) == [0, 2]  # in index order, new attempts
-    assert {a.id for a in rerun[1]}.isdisjoint(a.id for a in placed[0])
+    assert out == [] and state.snapshot()["stages"][1]["pending"] == 2  # worker 1 is busy
     assert state.counters() == {
-        "tasks_rerun": 2, "tasks_speculated": 0, "tasks_lost": 2, "tasks_replaced": 0,
+        "tasks_rerun": 0, "tasks_speculated": 0, "tasks_lost": 2, "tasks_replaced": 0,
     }  # fmt: skip
-    for attempt in placed[1]:
-        assert finish(state, attempt) == []
-    assert finish(state, rerun[1][0]) == []
-    (done,) = finish(state, rerun[1][1])
+    assert finish(state, placed[1][0]) == []
+    (first,) = launched(finish(state, placed[1][1]))[1]  # idle now: one suspect
+    assert first.index == 0 and first.rerun and first.id not in {a.id for a in placed[0]}
+    assert state.stage_submitted(2, tasks(1)) == []  # nothing goes behind a suspect
+    (second,) = launched(finish(state, first))[1]
+    assert second.index == 2
+    (done, launch) = finish(state, second)
     assert [r.value for r in done.results] == [0, 1, 2, 3]
     assert {r.worker for r in done.results} == {1}
+    assert launch.worker == 1 and launch.attempts[0].stage == 2
+    assert state.counters()["tasks_rerun"] == 2
 
 
 def test_nothing_is_sent_to_a_lost_worker():
     state = cluster(0, 1)
     launched(state.stage_submitted(1, tasks(4)))
-    out = state.worker_lost(0, WorkerLostError(0, "gone"))
+    out = state.worker_lost(0, WorkerLostError(0, "gone")) + state.worker_added(2)
     assert [type(i) for i in out] == [Launch]
     assert all(getattr(i, "worker", None) != 0 for i in out)
     assert list(launched(state.stage_submitted(2, tasks(4)))) == [1]
@@ -154,24 +162,30 @@ def test_a_task_running_on_the_worker_it_is_pinned_to_fails_its_stage_with_it():
     placed = launched(state.stage_submitted(1, [TaskSpec(0, worker=0), TaskSpec(1)]))
     error = WorkerLostError(0, "gone")
     out = state.worker_lost(0, error)
-    assert out == [StageFailed(1, error), Cancel(1, (placed[1][0].id,))]
+    assert out == [StageFailed(1, error), Cancel(1, (placed[1][0].id,), stop=True)]
     assert state.counters()["tasks_rerun"] == 0
 
 
 @pytest.mark.parametrize("max_attempts", [1, 2, 4])
-def test_a_task_lost_max_attempts_times_fails_its_stage(max_attempts):
+def test_a_task_running_at_max_attempts_losses_fails_its_stage_with_task_crashed(max_attempts):
+    """A task that kills its process costs ``max_attempts`` workers, not every one."""
     state = SchedulerState(max_attempts=max_attempts)
     for worker in range(5):
         state.worker_added(worker)
     (attempt,) = launched(state.stage_submitted(1, tasks(1)))[0]
-    error = WorkerLostError(0, "the task kills its worker")
+    error = WorkerLostError(0, "killed by signal 9 (SIGKILL)")
     for lost in range(1, max_attempts):
         out = state.worker_lost(worker_of(state, attempt), error)
         (attempt,) = launched(out)[lost]  # the next live worker
         assert state.counters()["tasks_rerun"] == lost
-    assert state.worker_lost(worker_of(state, attempt), error) == [StageFailed(1, error)]
+    (failed,) = state.worker_lost(worker_of(state, attempt), error)
+    assert isinstance(failed, StageFailed) and isinstance(failed.error, TaskCrashedError)
+    assert (failed.error.index, failed.error.losses) == (0, max_attempts)
+    assert str(failed.error) == (f"task 0 was running each time its worker was lost, {max_attempts} "
+                                 "times (the limit): the last time worker 0 was lost: killed by "
+                                 "signal 9 (SIGKILL)")  # fmt: skip
     assert state.counters()["tasks_lost"] == max_attempts
-    assert state.snapshot()["stages"] == {}
+    assert state.snapshot()["stages"] == {} and len(state.workers) == 5 - max_attempts
 
 
 def test_max_attempts_count_per_task():
@@ -182,8 +196,43 @@ def test_max_attempts_count_per_task():
     for worker in (0, 1, 2):  # each task lost once: under the limit, rerun on 3, 4, 5
         out = state.worker_lost(worker, WorkerLostError(worker, "gone"))
         assert of(out, StageFailed) == [] and list(launched(out)) == [worker + 3]
-    error = WorkerLostError(3, "gone")
-    assert state.worker_lost(3, error)[0] == StageFailed(1, error)  # task 0, a second time
+    (failed, *_) = state.worker_lost(3, WorkerLostError(3, "gone"))  # task 0, a second time
+    assert isinstance(failed.error, TaskCrashedError) and failed.error.index == 0
+
+
+def test_a_suspect_runs_alone_so_a_second_loss_is_charged_to_it_only():
+    """A lost worker's attempts are all charged (the driver cannot tell the one it ran
+    from those queued behind it, or finished unreported); then each runs alone on an
+    idle worker, and a loss there is that task's alone."""
+    state = SchedulerState(max_attempts=2, window=4)
+    for worker in range(4):
+        state.worker_added(worker)
+    placed = launched(state.stage_submitted(1, tasks(8)))  # two a worker
+    assert indices(placed[0]) == [0, 4]
+    assert state.worker_lost(0, WorkerLostError(0, "gone")) == []  # 0 and 4: suspects, nobody idle
+    finish(state, placed[1][0])
+    (alone,) = launched(finish(state, placed[1][1]))[1]  # worker 1 idle: task 0, alone
+    assert alone.index == 0 and state.running(1) == (alone.id,)
+    (failed,) = of(state.worker_lost(1, WorkerLostError(1, "gone")), StageFailed)
+    assert isinstance(failed.error, TaskCrashedError) and failed.error.index == 0
+    assert failed.error.losses == 2
+
+
+def test_a_failed_stage_run_again_keeps_its_tasks_losses():
+    """The dataset layer runs a stage again after a loss that failed it (no worker left):
+    the same program over the same tasks (its ``key``) starts from the losses it had."""
+    state = SchedulerState(max_attempts=2)
+    state.worker_added(0)
+    launched(state.stage_submitted(1, tasks(1), key="program"))
+    (first,) = state.worker_lost(0, WorkerLostError(0, "gone"))
+    assert isinstance(first, StageFailed) and not isinstance(first.error, TaskCrashedError)
+    state.worker_added(1)  # its replacement
+    launched(state.stage_submitted(2, tasks(1), key="program"))
+    (second,) = state.worker_lost(1, WorkerLostError(1, "gone"))
+    assert isinstance(second.error, TaskCrashedError) and second.error.losses == 2
+    state.worker_added(2)
+    (done,) = finish(state, launched(state.stage_submitted(3, tasks(1), key="another"))[2][0])
+    assert isinstance(done, StageDone)
 
 
 def test_losing_every_worker_fails_the_active_stages():

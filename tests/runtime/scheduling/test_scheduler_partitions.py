@@ -159,7 +159,7 @@ def test_slots_freed_by_a_failure_at_launch_go_to_the_next_stage():
     assert state.stage_submitted(2, tasks(1)) == []  # the worker is full
     state.partitions_dropped(["b"])
     out = finish(state, first)  # task 2 of stage 1 cannot launch: stage 1 fails...
-    assert out[:2] == [StageFailed(1, out[0].error), Cancel(0, (second.id,))]
+    assert out[:2] == [StageFailed(1, out[0].error), Cancel(0, (second.id,), stop=True)]
     assert [(a.stage, a.index) for a in launched(out)[0]] == [(2, 0)]  # ...stage 2 runs
 
 

@@ -11,7 +11,11 @@ import random
 from collections import deque
 
 import pytest
-from clamor.runtime.errors import MissingPartitionError, WorkerLostError
+from clamor.runtime.errors import (
+    MissingPartitionError,
+    TaskCrashedError,
+    WorkerLostError,
+)
 from clamor.runtime.scheduling.scheduler import (
     Attempt,
     Cancel,
@@ -48,6 +52,7 @@ class FakeCluster:
         self.attempts: dict[tuple[int, int], set[int]] = {}  # (stage, index) -> attempt ids
         self.launches: dict[tuple[int, int], int] = {}  # (stage, index) -> not speculative
         self.losses: dict[tuple[int, int], int] = {}
+        self.isolated: set[int] = set()  # attempts of suspects (tasks with losses): run alone
         self.replaced: dict[tuple[int, int], int] = {}  # taken back from slow workers
         self.requeued: set[tuple[int, int]] = set()  # taken back, not launched again yet
         self.reruns = 0  # launches again after a loss
@@ -100,6 +105,9 @@ class FakeCluster:
                         self.launches[key] = self.launches.get(key, 0) + 1
                         again = self.losses.get(key, 0) + self.replaced.get(key, 0)
                         assert self.launches[key] <= 1 + again
+                        if self.losses.get(key) and a.spec.worker is None:  # a suspect
+                            assert len(ins.attempts) == 1 and not self.queues[ins.worker], "alone"
+                            self.isolated.add(a.id)
                     self.attempts.setdefault(key, set()).add(a.id)
                 if not self.queues[ins.worker]:
                     self.started[ins.worker] = self.clock
@@ -163,12 +171,18 @@ class FakeCluster:
         slow = [w for w, s in snapshot["workers"].items() if s["slow"]]
         assert slow == state.slow and (not slow or len(slow) < len(state.workers))
         caps = {w: 1 if w in slow else state.limit for w in state.workers}
-        room = any(len(state.running(w)) < caps[w] for w in state.workers)
+        isolated = {w for w, q in self.queues.items() if any(a.id in self.isolated for a in q)}
+        assert all(len(self.queues[w]) == 1 for w in isolated), "nothing behind a suspect"
+        room = any(len(state.running(w)) < caps[w] for w in state.workers if w not in isolated)
+        idle = any(not self.queues[w] for w in state.workers)
         for stage, counts in snapshot["stages"].items():
             pending = self.pending(stage)
             assert counts["pending"] == len(pending) and counts["done"] == len(self.done[stage])
-            if room:  # no worker sits idle while unpinned work is pending
-                assert all(self.specs[stage][i].worker is not None for i in pending)
+            unpinned = [i for i in pending if self.specs[stage][i].worker is None]
+            if room:  # no worker sits idle while unpinned work is pending (but suspects)
+                assert all(self.losses.get((stage, i)) for i in unpinned)
+            if idle:  # a suspect waits only for an idle worker
+                assert not unpinned
 
     def submit(self, stage: int, specs: list[TaskSpec], now: float | None) -> None:
         self.specs[stage] = specs
@@ -198,11 +212,9 @@ class FakeCluster:
             again = {i for i in hit if (stage, i) not in elsewhere}
             specs = self.specs[stage]
             inputs = {k for i in before[stage] | again for k in specs[i].inputs}
-            if (
-                not self.queues
-                or any(specs[i].worker == gone for i in hit | before[stage])
-                or any(self.losses[stage, i] >= self.state.max_attempts for i in again)
-            ):
+            if any(self.losses[stage, i] >= self.state.max_attempts for i in again):
+                assert isinstance(failed[stage], TaskCrashedError), failed[stage]
+            elif not self.queues or any(specs[i].worker == gone for i in hit | before[stage]):
                 assert failed[stage] is error
             elif any(self.state.holder(k) is None for k in inputs):
                 assert isinstance(failed[stage], MissingPartitionError)

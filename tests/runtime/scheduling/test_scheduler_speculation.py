@@ -268,7 +268,7 @@ def test_a_cancelled_head_lets_the_next_attempt_start():
     for attempt in placed[1]:
         finish(state, attempt, now=1.0, duration=1.0)  # worker 1 idle from 1.0
     assert state.tick(4.0) == []  # worker 0 still runs stage 1's task (no baseline there)
-    assert state.stage_cancelled(1, RuntimeError(), now=5.0)[1] == Cancel(0, (head.id,))
+    assert state.stage_cancelled(1, RuntimeError(), now=5.0)[1] == Cancel(0, (head.id,), stop=True)
     assert state.tick(7.0) == []  # stage 2's task 1 started at 5.0
     assert indices(launched(state.tick(7.01))[1]) == [1]
 

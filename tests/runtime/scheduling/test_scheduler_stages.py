@@ -256,8 +256,8 @@ def test_a_task_error_cancels_the_stages_other_attempts():
     out = state.task_failed(0, bad.id, ValueError("bad"))
     assert of(out, StageFailed)[0].stage == 1
     assert of(out, Cancel) == [
-        Cancel(0, tuple(a.id for a in placed[0][1:])),
-        Cancel(1, tuple(a.id for a in placed[1])),
+        Cancel(0, tuple(a.id for a in placed[0][1:]), stop=True),
+        Cancel(1, tuple(a.id for a in placed[1]), stop=True),
     ]
     assert state.running(0) == state.running(1) == ()
 
@@ -294,8 +294,8 @@ def test_cancelling_a_stage_fails_it_and_cancels_its_attempts():
     out = state.stage_cancelled(1, error)
     assert out == [
         StageFailed(1, error),
-        Cancel(0, (placed[0][0].id,)),
-        Cancel(1, (placed[1][0].id,)),
+        Cancel(0, (placed[0][0].id,), stop=True),
+        Cancel(1, (placed[1][0].id,), stop=True),
     ]
 
 
