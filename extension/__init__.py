@@ -1,4 +1,4 @@
-"""jupyter-server extension: REST API and dashboard pages for Clamor clusters (DESIGN 8).
+"""jupyter-server extension: REST API and dashboard pages for Clamor clusters.
 
 Enabled by default (``jupyter_server_config.d/clamor.json``); routes under the
 server's ``base_url``: ``clamor/`` (index), ``clamor/dashboard/{kernel_id}[/VIEW]``

@@ -1,4 +1,4 @@
-"""Cluster snapshots and stats as JSON-ready data: the REST API's bodies (DESIGN 8).
+"""Cluster snapshots and stats as JSON-ready data: the REST API's bodies.
 
 Pure functions of a :class:`~clamor.runtime.observe.snapshots.ClusterSnapshot` and of
 ``cluster.stats()`` (both fetched from the kernel by the handlers); nothing here

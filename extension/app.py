@@ -1,4 +1,4 @@
-"""The ``clamor`` jupyter-server extension app (DESIGN 8).
+"""The ``clamor`` jupyter-server extension app.
 
 Enabled by default when the package is installed
 (``etc/jupyter/jupyter_server_config.d/clamor.json``); it serves, under the

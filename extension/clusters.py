@@ -1,4 +1,4 @@
-"""The clusters of this server's kernels, and queries to them off the IOLoop (DESIGN 8).
+"""The clusters of this server's kernels, and queries to them off the IOLoop.
 
 A kernel whose cluster runs has an entry in the registry
 (:mod:`clamor.runtime.observe.cluster_registry`): its scheduler's address and credentials.

@@ -1,4 +1,4 @@
-"""Tornado handlers of the extension: the REST API, the pages and BokehJS (DESIGN 8).
+"""Tornado handlers of the extension: the REST API, the pages and BokehJS.
 
 Every handler is a ``JupyterHandler`` behind ``@tornado.web.authenticated`` and
 ``@authorized`` (resource ``kernels``: these routes show the state of the server's

@@ -1,4 +1,4 @@
-"""The dashboard pages: the widgets' Bokeh views as standalone documents, kept live (DESIGN 8).
+"""The dashboard pages: the widgets' Bokeh views as standalone documents, kept live.
 
 A page request builds the view (:mod:`clamor.widgets`) in its own Bokeh
 ``Document``, draws a snapshot into it and embeds it (``bokeh.embed.json_item``)

@@ -1,1 +1,1 @@
-"""The Clamor Jupyter kernel (the driver): lifecycle, kernelspec, start-up (DESIGN 7)."""
+"""The Clamor Jupyter kernel (the driver): lifecycle, kernelspec, start-up."""

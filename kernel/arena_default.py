@@ -1,4 +1,4 @@
-"""Notebook arrays in the arena by default (DESIGN 7).
+"""Notebook arrays in the arena by default.
 
 In the Clamor kernel every cell runs inside :func:`cell_allocations`: numpy
 allocations of at least one arena page made by the cell's own thread go to the

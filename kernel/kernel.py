@@ -1,4 +1,4 @@
-"""``ClamorKernel``: an IPython kernel that is the cluster's driver (DESIGN 7).
+"""``ClamorKernel``: an IPython kernel that is the cluster's driver.
 
 Lifecycle only, like ipyparallel's engine kernel; everything else is IPython's:
 

@@ -1,4 +1,4 @@
-"""The process's current cluster and the kernel's settings (DESIGN 7).
+"""The process's current cluster and the kernel's settings.
 
 One paging cluster may exist per process (README, "Deliberate differences"), so
 the kernel, the magics and the widgets share it through this module::

@@ -3,7 +3,7 @@
 :class:`Cluster` starts the ``Scheduler`` gRPC service and local worker
 processes, tracks which are alive (process exit, failed calls, missed
 heartbeats for remote ones) and runs stages through its
-:class:`~clamor.runtime.scheduling.executor.Executor` (DESIGN.md section 5): ``execute``
+:class:`~clamor.runtime.scheduling.executor.Executor`: ``execute``
 for stages built by datasets, ``run`` / ``run_stage`` for plain function calls
 on given workers. A task's exception is re-raised in the driver as the same
 type, with the remote traceback attached; a worker that dies during a stage
@@ -156,7 +156,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
     :class:`~clamor.runtime.launchers.local.Launcher` such as ``SSHLauncher(hosts)`` or
     ``DaskLauncher(client)``; remote workers need ``host`` to be an address they can
     reach. ``tls``: mutual TLS with a per-cluster CA on gRPC and the page protocol
-    (for multi-host clusters; the token is checked either way). Paging (DESIGN 3): ``page_size`` (default
+    (for multi-host clusters; the token is checked either way). Paging: ``page_size`` (default
     the arena's; like every size option, bytes or a string such as ``"256KiB"``), ``transport`` (``"auto"``: workers on this host map the arena's pages
     without copying them, others fetch over TCP; ``"shm"``: map, on any host;
     ``"shm-copy"``: copy each page from shared memory into a private cache, as
@@ -168,17 +168,19 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
     fault per page per task; docs/paging.md). ``paging``: replaces the
     arena pager (tests use the no-op one). ``timeout``: seconds to wait for all workers to be
     ready. ``log_dir``: where worker logs go (default: the driver's stdout/stderr).
-    Stragglers (DESIGN 6): with ``speculation``, a task running longer than
+    Stragglers: with ``speculation``, a task running longer than
     ``speculation_factor`` times its stage's median (and its usual wait for a busy
     worker's report) gets a copy on an idle worker;
     the first result wins. A lost worker's running tasks are rerun elsewhere.
-    Tiny tasks (DESIGN 6): with ``fuse``, a stage of many plain tasks whose program ran
+    Tiny tasks: with ``fuse``, a stage of many plain tasks whose program ran
     under 0.2 ms a task last time runs them in chunks, one attempt per chunk
     (runtime/scheduling/fusion.py); results and errors stay per task.
-    Memory (DESIGN 5, R3S): ``worker_memory`` is each worker's budget (``"4GiB"``, bytes,
+    Memory (R3S): ``worker_memory`` is each worker's budget (``"4GiB"``, bytes,
     or ``{worker id: size}``; default: a fair share of this host's memory among the
-    workers), half for cached arena pages (evicted beyond it, CLOCK) and half for kept
-    partitions; ``spill`` says where partitions beyond it go: ``"peer"`` (the worker
+    workers), split between cached arena pages (evicted beyond their share, CLOCK) and
+    kept partitions: 1/8 for pages on a worker that maps the driver's pages in place, 3/4
+    on one that copies them (runtime/paging/memory.py); ``spill`` says where partitions
+    beyond it go: ``"peer"`` (the worker
     with the most free memory, then local disk) or ``"disk"``.
     Failures: a lost worker is replaced by a new one (a new id), up to ``restarts`` a minute
     (default: as many as the cluster has workers, at least 3; 0: never); a task whose
@@ -403,7 +405,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         Returns at once (the notebook keeps running and may keep writing arrays); the
         checkpoint holds the arena as it was now (copy-on-write through the version
         log). ``handle.wait()`` / ``handle.result()``; ``clamor.restore(path)`` in a
-        fresh process brings everything back (DESIGN 6).
+        fresh process brings everything back.
         """
         self._check_open()
         return checkpoint.start(self, path, variables, datasets)

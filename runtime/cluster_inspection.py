@@ -1,4 +1,4 @@
-"""What a :class:`~clamor.runtime.cluster.Cluster` shows about itself (DESIGN 5's
+"""What a :class:`~clamor.runtime.cluster.Cluster` shows about itself (its
 observability contract): per-worker stats, the cluster's counters, per-page arrays,
 snapshots for the views. Read-only: nothing here changes the cluster.
 """
@@ -37,10 +37,13 @@ class ClusterInspection:
     _bulk: BulkServer | None
     page_size: int
     _refresh: Any  # the cluster's: marks workers whose process exited as lost
+    _check_open: Any  # the cluster's: ClamorError once it is closed
 
     def worker_stats(self) -> list[dict]:
         """Per worker (lost ones included): ``id``, ``pid``, ``host``, ``address``, ``alive``,
-        and for live ones the worker's own stats (``tasks_run``, ``rss_bytes``, paging counters)."""
+        and for live ones the worker's own stats (``tasks_run``, ``rss_bytes``, paging counters).
+        ``ClamorError`` once the cluster is closed."""
+        self._check_open()
         self._refresh()
         with self._cond:
             workers = sorted(self._workers.values(), key=lambda w: w.id)
@@ -69,7 +72,7 @@ class ClusterInspection:
         return result
 
     def stats(self) -> dict:
-        """The observability contract of DESIGN 5: paging counters, stage and task counts,
+        """The observability contract: paging counters, stage and task counts,
         worker totals (``pages_fetched`` / ``bytes_fetched``: copied into a worker's page
         cache; ``pages_mapped`` / ``bytes_mapped``: read in place from the driver's memory
         by workers on its host, zero copy; ``pages_read``: the two together; ``faults``, page-cache ``evictions``, partitions

@@ -1,6 +1,6 @@
 """What a stage is, shared by the datasets, the scheduler and the workers.
 
-A *stage* (DESIGN 5) is one ``program`` run once per :class:`TaskSpec`, on
+A *stage* is one ``program`` run once per :class:`TaskSpec`, on
 workers, between two barriers. The dataset layer (runtime/data/dataset.py) builds
 stages; the scheduler state machine (runtime/scheduling/scheduler.py) places their tasks;
 the executor (runtime/scheduling/executor.py) runs them on worker processes::

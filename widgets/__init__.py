@@ -1,4 +1,4 @@
-"""Live views of a Clamor cluster: Bokeh figures shown as ipywidgets (DESIGN 8).
+"""Live views of a Clamor cluster: Bokeh figures shown as ipywidgets.
 
 Each function returns a :class:`LiveView`; displaying it (the last expression of
 a cell, or ``display(...)``) shows a widget that updates a few times a second

@@ -1,4 +1,4 @@
-"""What every view is: Bokeh models fed by cluster snapshots (DESIGN 8).
+"""What every view is: Bokeh models fed by cluster snapshots.
 
 A view follows the ``source / root / update()`` shape of Dask's dashboard
 components: it owns its ``ColumnDataSource`` objects, ``root`` is the Bokeh

@@ -1,4 +1,4 @@
-"""The dashboard: a status line and the four views together (DESIGN 8).
+"""The dashboard: a status line and the four views together.
 
 Heatmap and replication side by side on top, the timeline below, the lineage
 graph at the bottom; one snapshot updates them all. The status line says how
@@ -43,7 +43,7 @@ def status_line(snapshot: ClusterSnapshot) -> str:
 
 
 def memory_line(snapshot: ClusterSnapshot) -> str:
-    """The live workers' memory against their budgets (DESIGN 5), ``""`` before anything is
+    """The live workers' memory against their budgets, ``""`` before anything is
     cached or kept: cached arena pages, partitions in memory, and those spilled to disk."""
     live = [w for w in snapshot.workers if w.alive]
     pages, kept = sum(w.cached_bytes for w in live), sum(w.partition_bytes for w in live)

@@ -1,4 +1,4 @@
-"""The page heatmap: a cell per arena page, coloured by accesses (DESIGN 8).
+"""The page heatmap: a cell per arena page, coloured by accesses.
 
 One cell per page of a variable (or of the whole used arena), laid out row-major
 in a grid. When there are more pages than ``max_cells``, each cell stands for a

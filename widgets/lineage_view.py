@@ -1,4 +1,4 @@
-"""The lineage graph: datasets as columns, their partitions as nodes, coloured by state (DESIGN 8).
+"""The lineage graph: datasets as columns, their partitions as nodes, coloured by state.
 
 Draws a :class:`~clamor.runtime.data.lineage.LineageGraph`: every live persisted partition
 (``snapshot.lineage``, what the dashboard shows), or one dataset's partitions and

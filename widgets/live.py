@@ -1,4 +1,4 @@
-"""A view shown in a notebook and kept live from the cluster's snapshots (DESIGN 8).
+"""A view shown in a notebook and kept live from the cluster's snapshots.
 
 :class:`LiveView` wraps a :class:`~clamor.widgets.base.View` in a jupyter_bokeh
 ``BokehModel`` (an ipywidget, so it renders in JupyterLab 4 and Notebook 7) and

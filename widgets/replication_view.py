@@ -1,4 +1,4 @@
-"""The replication view: who serves the pages, and how many copies they have (DESIGN 8).
+"""The replication view: who serves the pages, and how many copies they have.
 
 Left, the bytes served by the driver and by peer workers so far (cumulative steps
 over the snapshots' history, seconds since its first point): with replication on,

@@ -1,4 +1,4 @@
-"""Per-worker task bars, like Dask's task stream, with failures and recovery marked (DESIGN 8).
+"""Per-worker task bars, like Dask's task stream, with failures and recovery marked.
 
 One row per worker; a bar per task attempt (:class:`~clamor.runtime.observe.telemetry.TaskRecord`)
 from its start to its end (a running attempt to the snapshot's time). The colour says

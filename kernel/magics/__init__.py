@@ -23,6 +23,7 @@ def load_ipython_extension(ipython: Any) -> None:
     from clamor.runtime.errors import require_extra
 
     require_extra("the %clamor magics", ("IPython",))
+    from clamor.kernel.magics import errors
     from clamor.kernel.magics.completion import register
     from clamor.kernel.magics.magics import ClamorMagics
     from clamor.kernel.magics.views import load_views
@@ -30,6 +31,7 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(ClamorMagics)
     if id(ipython) not in _loaded:
         register(ipython)
+        errors.install(ipython)
         _loaded.add(id(ipython))
     try:
         load_views()

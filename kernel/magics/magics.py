@@ -1,4 +1,4 @@
-"""``%clamor`` and ``%%clamor``: parse the line, then delegate to the runtime (DESIGN 7).
+"""``%clamor`` and ``%%clamor``: parse the line, then delegate to the runtime.
 
 The cell magics compile their body once in the driver (cells.py), turn the source
 variable into a dataset and call the dataset's method; only ``reduce`` runs a

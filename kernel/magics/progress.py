@@ -1,4 +1,4 @@
-"""A live progress bar for long actions (DESIGN 7), reusable by the kernel::
+"""A live progress bar for long actions, reusable by the kernel::
 
     from clamor.kernel.magics.progress import progress
     with progress(cluster):          # nothing shows if the block ends within ~1 s

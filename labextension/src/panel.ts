@@ -192,19 +192,20 @@ class ClusterCard {
     if (stages.length) {
       const parts = stages.map(
         ([id, s]) =>
-          `stage ${id}: ${s.done}/${s.total} tasks done, ${s.running} in flight` +
+          `stage ${id}: ${s.done}/${s.total} tasks done, ${s.running} on workers, ` +
+          `${s.pending} waiting` +
           (s.speculative ? `, ${s.speculative} speculative` : '')
       );
       const total = stages.reduce((n, [, s]) => n + s.total, 0);
       const done = stages.reduce((n, [, s]) => n + s.done, 0);
-      this._stage.textContent = `${summary.workers} workers${lost} · ${parts.join('; ')}`;
+      this._stage.textContent = `${plural(summary.workers, 'worker')}${lost} · ${parts.join('; ')}`;
       this._progress.style.display = '';
       this._progressFill.style.width = `${total ? (100 * done) / total : 0}%`;
       this.node.classList.add('clamor-mod-running');
     } else {
       this._stage.textContent =
-        `${summary.workers} workers${lost} · idle · ${summary.stages_run} stages, ` +
-        `${summary.tasks_run} tasks run`;
+        `${plural(summary.workers, 'worker')}${lost} · idle · ` +
+        `${plural(summary.stages_run, 'stage')}, ${plural(summary.tasks_run, 'task')} run`;
       this._progress.style.display = 'none';
       this.node.classList.remove('clamor-mod-running');
     }
@@ -236,7 +237,7 @@ function workerRow(w: IWorker): HTMLElement {
   const name = el('span', 'clamor-Worker-name', `worker ${w.id}`);
   const state = !w.alive
     ? 'lost'
-    : `${w.tasks_done} tasks done · ${w.running} in flight${w.slow ? ' · slow' : ''}`;
+    : `${plural(w.tasks_done, 'task')} done · ${queue(w.running)}${w.slow ? ' · slow' : ''}`;
   const tasks = el('span', 'clamor-Worker-tasks', state);
   const used = (w.cached_bytes || 0) + (w.partition_bytes || 0);
   const budget = w.memory_budget || 0;
@@ -256,6 +257,16 @@ function workerRow(w: IWorker): HTMLElement {
   );
   row.append(name, tasks, bar, memory);
   return row;
+}
+
+/** `1 task`, `2 tasks`. */
+function plural(n: number, word: string): string {
+  return `${n} ${word}${n === 1 ? '' : 's'}`;
+}
+
+/** A worker's attempts: it runs one at a time, the others wait in its queue. */
+function queue(attempts: number): string {
+  return attempts ? `1 running, ${attempts - 1} queued` : 'idle';
 }
 
 function el(tag: string, className: string, text?: string): HTMLElement {

@@ -1,6 +1,6 @@
 """Checkpoints: the arena, named variables and persisted datasets, written in the
 background while the notebook keeps running, and brought back in a fresh process
-(DESIGN 6, after SDG and Sparkle). The files are described in ``checkpoint_files``.
+(after SDG and Sparkle). The files are described in ``checkpoint_files``.
 
 ``start(cluster, path, variables, datasets)`` returns at once with a
 :class:`CheckpointHandle`. What it saves is the state *at the call*:

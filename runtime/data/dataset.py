@@ -1,4 +1,4 @@
-"""Datasets: lazy, partitioned collections whose partitions stay on the workers (DESIGN 5).
+"""Datasets: lazy, partitioned collections whose partitions stay on the workers.
 
 The paper's ``DataCollection``, Spark-like::
 

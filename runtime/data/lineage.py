@@ -1,4 +1,4 @@
-"""Page-versioned lineage of materialised partitions, and their recovery (DESIGN 6).
+"""Page-versioned lineage of materialised partitions, and their recovery.
 
 Every task that leaves partitions on a worker (persisted dataset partitions,
 shuffle buckets, partial aggregates) is remembered as a :class:`TaskRun`: its

@@ -1,4 +1,4 @@
-"""The task side of datasets: what a stage's tasks run on the workers (DESIGN 5).
+"""The task side of datasets: what a stage's tasks run on the workers.
 
 Everything here is picklable and importable by workers. An *op* computes one
 partition inside a task (``op.compute(ctx, i)``); the plan (runtime/data/plan.py)

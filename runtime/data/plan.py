@@ -1,4 +1,4 @@
-"""Lazy dataset plans and the stages that compute them (DESIGN 5).
+"""Lazy dataset plans and the stages that compute them.
 
 A dataset is a graph of *plan nodes* (:class:`Node`): picklable, holding no
 cluster. Nothing runs until an action; then a :class:`Job` compiles the graph

@@ -1,4 +1,4 @@
-"""Clamor workers inside an existing Dask distributed cluster (DESIGN 5).
+"""Clamor workers inside an existing Dask distributed cluster.
 
 ``Cluster(n, launcher=DaskLauncher(client), host=ADDR)`` starts each
 ``clamor-worker`` as a subprocess of a Dask worker: one long-running Dask task

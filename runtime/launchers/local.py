@@ -1,4 +1,4 @@
-"""Launchers start ``clamor-worker`` processes for a cluster (DESIGN 5).
+"""Launchers start ``clamor-worker`` processes for a cluster.
 
 A worker is always the same command, ``clamor-worker --connect ADDR --token-file F``;
 launchers differ in where it runs: :class:`LocalLauncher` (subprocesses here,

@@ -1,6 +1,6 @@
 """Serialization of tasks and results between the driver and the workers.
 
-Tasks are pickled with cloudpickle plus one rule (DESIGN 4): a numpy array
+Tasks are pickled with cloudpickle plus one rule: a numpy array
 whose buffer lies in the driver's arena travels as an `ArenaRef` (offset,
 shape, dtype, strides) and the worker rebuilds a zero-copy, read-only view
 over its own arena mapping, whose pages fault in on first touch. Objects that

@@ -1,4 +1,4 @@
-"""Where a notebook server finds its kernels' clusters (DESIGN 8).
+"""Where a notebook server finds its kernels' clusters.
 
 The jupyter-server extension (extension/) runs in the server process, the
 cluster in the kernel. When the kernel's cluster starts, the kernel writes

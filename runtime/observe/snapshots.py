@@ -1,4 +1,4 @@
-"""Read-only snapshots of a cluster, and the thread that publishes them (DESIGN 8).
+"""Read-only snapshots of a cluster, and the thread that publishes them.
 
 A :class:`ClusterSnapshot` is the only thing the views read: per-page counters
 (accesses, driver- and peer-served bytes, holders, version, the variable that

@@ -1,4 +1,4 @@
-"""What the driver saw happen: task attempts, stages and cluster events (DESIGN 8).
+"""What the driver saw happen: task attempts, stages and cluster events.
 
 The executor reports here as it launches attempts and receives their reports;
 :class:`Telemetry` keeps bounded logs of them (the newest ``max_tasks`` attempts,

@@ -1,7 +1,7 @@
 """The driver's shared arena, as seen from Python.
 
 Objects that workers should demand-page instead of receiving a copy live in one
-memfd-backed region per process (DESIGN.md section 3). This module is the typed
+memfd-backed region per process. This module is the typed
 face of the C allocator in ``runtime/paging/native/arena.c``: it creates the arena
 lazily, places numpy arrays in it (``array``, ``empty``, ``asarray``,
 ``empty_like``), routes every numpy allocation of a block of code to it
@@ -114,7 +114,7 @@ def to_bytes(size: Size, what: str) -> int:
     return n
 
 
-def _check_page_size(page_size: Size) -> int:
+def check_page_size(page_size: Size) -> int:
     page_size = to_bytes(page_size, "page_size")
     if not (MIN_PAGE_SIZE <= page_size <= MAX_PAGE_SIZE) or page_size & (page_size - 1):
         raise ValueError(
@@ -136,7 +136,7 @@ def _resolve() -> tuple[int, int]:
     if page_size is None:
         env = os.environ.get("CLAMOR_PAGE_SIZE")
         page_size = parse_size(env, "CLAMOR_PAGE_SIZE") if env else DEFAULT_PAGE_SIZE
-        page_size = _check_page_size(page_size)
+        page_size = check_page_size(page_size)
     arena_size = _config["arena_size"]
     if arena_size is None:
         env = os.environ.get("CLAMOR_ARENA_SIZE")
@@ -161,7 +161,7 @@ def configure(arena_size: Size | None = None, page_size: Size | None = None) -> 
     current ones is a no-op.
     """
     if page_size is not None:
-        page_size = _check_page_size(page_size)
+        page_size = check_page_size(page_size)
     if arena_size is not None:
         arena_size = _check_arena_size(arena_size)
     with _lock:

@@ -1,4 +1,4 @@
-"""Per-worker memory budgets (DESIGN 5, "Memory budgets"; R3S).
+"""Per-worker memory budgets (after R3S).
 
 A worker's budget is split in two fixed shares: one for its cache of arena
 pages (the native pager evicts with CLOCK beyond it) and one for the

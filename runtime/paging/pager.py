@@ -99,6 +99,8 @@ class DriverPager:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if read_sets not in READ_SET_MODES:
             raise ValueError(f"read_sets must be one of {READ_SET_MODES}, not {read_sets!r}")
+        if page_size:
+            page_size = arena.check_page_size(page_size)  # a ValueError, before anything starts
         if not token:
             raise ValueError("the page protocol needs a non-empty cluster token")
         if lib.clamor_driver_port() >= 0:

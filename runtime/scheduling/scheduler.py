@@ -7,7 +7,7 @@ threads or clock here: the same events always give the same instructions, so the
 is unit-tested without processes (like h11's ``_state.py`` and dask distributed's
 ``worker_state_machine.py``). Time comes in as the events' ``now`` (monotonic seconds).
 
-Fault tolerance (DESIGN 6):
+Fault tolerance:
 
 - A worker runs its attempts one at a time, in launch order: the attempt at the head of
   its queue started when it got there (the event in which the one before it ended, or its

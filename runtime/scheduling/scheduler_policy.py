@@ -2,7 +2,7 @@
 
 The instructions it returns and the results it takes (import them from
 :mod:`clamor.runtime.scheduling.scheduler`), its records of workers and stages, the partition
-registry (who holds what) and the speculation policy (DESIGN 6: when a stage has a
+registry (who holds what) and the speculation policy (when a stage has a
 baseline, what running time makes an attempt a straggler, what a slow worker may
 hold). No I/O and no clock here either.
 """

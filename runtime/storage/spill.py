@@ -1,4 +1,4 @@
-"""A worker's partition store with a memory budget (DESIGN 5, R3S).
+"""A worker's partition store with a memory budget (R3S).
 
 Partitions beyond the worker's partition budget leave its memory, the least
 recently used first, as ``Cluster(spill=...)`` says:

@@ -271,7 +271,7 @@ def budget_of(config: dict) -> WorkerBudget:
 def _spilling_store(
     worker_id: int, config: dict, scheduler: pb_grpc.SchedulerStub, servicer: WorkerServicer
 ) -> SpillingStore:
-    """The partition store within this worker's partition budget (DESIGN 5, R3S)."""
+    """The partition store within this worker's partition budget (R3S)."""
     budget = budget_of(config).partitions
 
     def find_peers(nbytes: int) -> list[tuple[int, str]]:

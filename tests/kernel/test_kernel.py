@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -306,7 +307,12 @@ def test_interrupt_cancels_the_running_stage_and_the_cluster_stays_usable(start_
     pids = kernel.workers()
     msg_id = kernel.kc.execute(
         "import time\n"
-        "cluster.range(16, partitions=16).map(lambda i: time.sleep(2.0) or i).collect()",
+        "def spin(i):\n"
+        "    end = time.time() + 2.0\n"
+        "    while time.time() < end:\n"
+        "        pass\n"
+        "    return i\n"
+        "cluster.range(16, partitions=16).map(spin).collect()",
         stop_on_error=False,  # the next request follows the interrupt's reply at once (see run)
     )
     time.sleep(2.5)  # the stage is running
@@ -317,9 +323,31 @@ def test_interrupt_cancels_the_running_stage_and_the_cluster_stays_usable(start_
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert time.monotonic() - t0 < 10  # not the 16 s the stage would take
-    # the running tasks finish (their results are dropped); the next stage runs
+    # the running tasks were interrupted on the workers (Python code stops at once); the
+    # next stage runs on the same workers
     assert used(kernel.ok(USE_CLUSTER, timeout=60)) == 2
     assert sorted(kernel.workers()) == sorted(pids)  # SIGINT spared the workers
+    assert "tasks_interrupted" in kernel.ok("print(cluster.counters())")
+
+
+def test_a_failing_call_in_a_plain_cell_shows_the_cells_frames_in_a_few_lines(start_kernel):
+    """``cluster.run`` and dataset actions in ordinary cells: the error shows the cell's
+    frames on the worker, named as IPython names cells, and the exception; the runtime's
+    frames only in ``%clamor traceback``. Other errors look as they always do."""
+    kernel = start_kernel()
+    kernel.ok(USE_CLUSTER)
+    content, text = kernel.run("def f():\n    x = 1\n    return x / 0\ncluster.run(f)")
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    assert content["status"] == "error" and content["ename"] == "ZeroDivisionError"
+    assert len(plain.splitlines()) <= 15, plain
+    assert "on a worker" in plain and re.search(r"Cell In\[\d+\], line 3, in f", plain), plain
+    assert "return x / 0" in plain and "executor.py" not in plain, plain
+    full = kernel.ok("%clamor traceback")
+    assert "executor.py" in full or "cluster.py" in full, full
+    _, text = kernel.run("cluster.range(4, partitions=4).map(lambda i: 1 / (i - 2)).collect()")
+    assert len(text.splitlines()) <= 15 and "ZeroDivisionError" in text, text
+    _, text = kernel.run("{}['missing']")  # not Clamor's: IPython's own traceback
+    assert "KeyError" in text and "Traceback of the cell" not in text
 
 
 @pytest.mark.slow

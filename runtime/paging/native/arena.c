@@ -1,5 +1,5 @@
 /* The driver's arena: one memfd-backed MAP_SHARED region per process and a
- * thread-safe allocator over it (see DESIGN.md section 3 and api.h).
+ * thread-safe allocator over it (see api.h).
  *
  * Design
  * - Space is managed in 4 KiB units. Free space is an address-ordered array

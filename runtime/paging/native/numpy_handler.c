@@ -6,7 +6,7 @@
  * freed through that same handler, whatever is current at that time. The
  * "clamor_arena_large" variant sends only requests of at least a threshold
  * to the arena and smaller ones to libc (the kernel's notebook arrays in the
- * arena by default, DESIGN 7).
+ * arena by default).
  *
  * The allocator hooks run with whatever numpy holds (usually the GIL) and
  * never touch the Python C-API. Pointers that are not in the arena go to
