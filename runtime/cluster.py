@@ -87,6 +87,11 @@ def _raise_open_file_limit(workers: int) -> None:
 _open_clusters: weakref.WeakSet = weakref.WeakSet()
 
 
+def open_clusters() -> list[Cluster]:
+    """The clusters of this process that are not closed."""
+    return [c for c in list(_open_clusters) if not c.closed]
+
+
 def _close_open_clusters() -> None:
     """Close the clusters a program left open when the interpreter exits. A thread exit
     hook (threading's, as concurrent.futures uses) so that it runs before Python joins the

@@ -23,7 +23,7 @@ def load_ipython_extension(ipython: Any) -> None:
     from clamor.runtime.errors import require_extra
 
     require_extra("the %clamor magics", ("IPython",))
-    from clamor.kernel.magics import errors
+    from clamor.kernel.magics import errors, progress
     from clamor.kernel.magics.completion import register
     from clamor.kernel.magics.magics import ClamorMagics
     from clamor.kernel.magics.views import load_views
@@ -32,6 +32,7 @@ def load_ipython_extension(ipython: Any) -> None:
     if id(ipython) not in _loaded:
         register(ipython)
         errors.install(ipython)
+        progress.watch_cells(ipython)
         _loaded.add(id(ipython))
     try:
         load_views()

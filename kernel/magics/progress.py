@@ -26,7 +26,7 @@ from typing import Any
 
 from clamor.kernel import session
 
-__all__ = ["ProgressBar", "in_notebook", "progress"]
+__all__ = ["ProgressBar", "in_notebook", "progress", "watch_cells"]
 
 logger = logging.getLogger("clamor.kernel.progress")
 _active = threading.local()
@@ -174,8 +174,8 @@ class _View:
 
 
 class _Runner:
-    def __init__(self, bar: ProgressBar, delay: float, interval: float) -> None:
-        self.bar, self.delay, self.interval = bar, delay, interval
+    def __init__(self, bar: ProgressBar, delay: float, interval: float, quiet: bool = False) -> None:
+        self.bar, self.delay, self.interval, self.quiet = bar, delay, interval, quiet
         self.stop = threading.Event()
         context = contextvars.copy_context()  # ipykernel: output goes to this cell
         self.thread = threading.Thread(target=context.run, args=(self._run,), name="clamor-progress", daemon=True)
@@ -186,7 +186,8 @@ class _Runner:
         while not self.stop.is_set():
             try:
                 self.bar.poll()
-                self.bar.show()
+                if self.bar.stages or self.bar.done or not self.quiet:
+                    self.bar.show()
             except Exception:  # e.g. the cluster was closed meanwhile
                 logger.debug("progress bar update failed", exc_info=True)
             self.stop.wait(self.interval)
@@ -205,11 +206,13 @@ class _Runner:
 def progress(
     cluster: Any = None, *, delay: float | None = None, interval: float = 0.25,
     enabled: bool | None = None, notebook: bool | None = None, out: Any = None,
+    quiet: bool = False,
 ) -> Iterator[ProgressBar | None]:  # fmt: skip
     """Show a live progress bar while the block runs, once it has run ``delay`` seconds.
 
     ``cluster``: default the session's current one (no cluster: nothing to show).
     ``enabled``/``delay``: default the session's ``progress``/``progress_delay``.
+    ``quiet``: nothing shows until the cluster has run a task (a cell's own work).
     Yields the :class:`ProgressBar` (``None`` when disabled or nested).
     """
     cluster = cluster if cluster is not None else session.current()
@@ -219,7 +222,7 @@ def progress(
         return
     bar = ProgressBar(cluster, notebook=notebook, out=out)
     delay = session.config["progress_delay"] if delay is None else delay
-    runner = _Runner(bar, delay, interval)
+    runner = _Runner(bar, delay, interval, quiet)
     try:
         bar.poll()  # the baseline of the per-worker counts
     except Exception:  # a progress bar never breaks an action
@@ -242,3 +245,38 @@ def progress(
     finally:
         _active.on = False
         runner.finish(outcome)
+
+
+def watch_cells(shell: Any) -> None:
+    """Every cell that runs the cluster's stages for longer than ``progress_delay`` (a
+    ``collect()``, a ``cluster.run``, a loop of actions) shows one progress bar, as the
+    magics do: IPython's ``pre_run_cell`` / ``post_run_cell`` events open and close it."""
+    open_bars: list[contextlib.AbstractContextManager] = []
+
+    def pre(info: Any) -> None:
+        cluster = _watched()
+        if cluster is not None:
+            bar = progress(cluster, quiet=True)
+            bar.__enter__()
+            open_bars.append(bar)
+
+    def post(result: Any) -> None:
+        while open_bars:
+            error = getattr(result, "error_in_exec", None)
+            with contextlib.suppress(BaseException):
+                open_bars.pop().__exit__(type(error) if error else None, error, None)
+
+    shell.events.register("pre_run_cell", pre)
+    shell.events.register("post_run_cell", post)
+
+
+def _watched() -> Any:
+    """The cluster a cell's bar follows: the session's, else the one cluster this
+    process has open (none, or several: no bar)."""
+    cluster = session.current()
+    if cluster is not None:
+        return cluster
+    from clamor.runtime.cluster import open_clusters
+
+    clusters = open_clusters()
+    return clusters[0] if len(clusters) == 1 else None

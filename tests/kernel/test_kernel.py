@@ -350,6 +350,18 @@ def test_a_failing_call_in_a_plain_cell_shows_the_cells_frames_in_a_few_lines(st
     assert "KeyError" in text and "Traceback of the cell" not in text
 
 
+def test_a_long_action_in_a_plain_cell_shows_a_progress_bar(start_kernel):
+    """Not only the magics: any cell whose stages run past ``progress_delay`` shows a bar;
+    a cell that runs no task shows none, however long it takes."""
+    kernel = start_kernel()
+    kernel.ok(USE_CLUSTER)
+    text = kernel.ok("import time\nprint(cluster.range(8, partitions=8).map(lambda i: time.sleep(0.5) or i).count())")
+    assert re.search(r"\[[#.]+\] \d+/8 tasks, 1 stage", text) and "8\n" in text, text
+    assert "tasks" not in kernel.ok("time.sleep(1.5)")
+    kernel.ok("%clamor config progress=off")
+    assert "tasks," not in kernel.ok("cluster.range(4, partitions=4).map(lambda i: time.sleep(0.8) or i).count()")
+
+
 @pytest.mark.slow
 def test_restart_closes_the_workers_and_the_new_kernel_starts_none_until_used(start_kernel):
     kernel = start_kernel()
