@@ -53,6 +53,13 @@ class LazyCluster:
             return "<Clamor cluster: not started; starts on first use (or %clamor start -n N)>"
         return repr(current)
 
+    def _repr_html_(self) -> str:
+        """The running cluster's summary (never starts one)."""
+        current = session.current()
+        if current is None:
+            return "<div><b>Clamor cluster</b>: not started; it starts on first use (or <code>%clamor start -n N</code>)</div>"
+        return current._repr_html_()
+
     def __reduce__(self) -> Any:
         raise TypeError(
             "the notebook's `cluster` cannot be shipped to tasks: it lives in the driver "

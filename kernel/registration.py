@@ -41,6 +41,7 @@ def publish(cluster: Any, kernel: str | None = None,
     kernel = kernel or kernel_id()
     if kernel is None:
         return None
+    cluster.dashboard_path = f"clamor/dashboard/{kernel}"  # its HTML repr links there
     name_variables(cluster)
     return cluster_registry.publish(cluster, kernel, directory)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from clamor.runtime.data import lineage
 from clamor.runtime.net.proto import clamor_pb2 as pb
-from clamor.runtime.observe import snapshots
+from clamor.runtime.observe import html, snapshots
 from clamor.runtime.paging import arena
 from clamor.runtime.stage import PartitionKey
 
@@ -35,6 +35,11 @@ class ClusterInspection:
     _paging: DriverPaging
     _publisher: snapshots.Publisher | None
     _bulk: BulkServer | None
+    _launcher: Any
+    _closed: bool
+    address: str
+    budgets: Any  # runtime/paging/memory.py's Budgets
+    workers_replaced: int
     page_size: int
     _refresh: Any  # the cluster's: marks workers whose process exited as lost
     _check_open: Any  # the cluster's: ClamorError once it is closed
@@ -123,6 +128,27 @@ class ClusterInspection:
     def snapshot(self) -> snapshots.ClusterSnapshot:
         """A snapshot of pages, tasks, events and lineage now (what the views draw)."""
         return self.publisher.snapshot()
+
+    def summary(self) -> dict[str, Any]:
+        """What the cluster's HTML repr shows, from the driver's own state (no worker is
+        called): ``address``, ``closed``, workers ``live`` / ``lost`` / ``replaced``, its
+        ``launcher``, their ``memory_budget``, ``stages_run`` / ``tasks_run``, paged bytes."""
+        out: dict[str, Any] = {"address": self.address, "closed": self._closed}
+        if self._closed:
+            return out
+        live = self.workers
+        paging = self._paging.stats()
+        out.update(
+            live=len(live), lost=len(self._workers) - len(live), replaced=self.workers_replaced,
+            launcher=self._launcher.name, memory_budget=sum(self.budgets.of(w).total for w in live),
+            stages_run=self._executor.stages_run, tasks_run=self._executor.tasks_run,
+            dashboard_path=getattr(self, "dashboard_path", None),
+            **{k: paging.get(k, 0) for k in ("bytes_mapped", "bytes_served_by_driver", "bytes_served_by_peers")},
+        )  # fmt: skip
+        return out
+
+    def _repr_html_(self) -> str:
+        return html.cluster_html(self.summary())
 
     def scheduler_snapshot(self) -> dict:
         """The scheduler's state as plain data (stages' task counts, per-worker running and

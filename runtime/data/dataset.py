@@ -17,6 +17,7 @@ workers; the driver only receives the final value.
 from __future__ import annotations
 
 import builtins
+import html
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -67,6 +68,16 @@ class Dataset:
     def __repr__(self) -> str:
         state = " persisted" if self.is_persisted else ""
         return f"<Dataset {self.id}: {plan.describe(self._node)}, {self.num_partitions} partitions{state}>"
+
+    def _repr_html_(self) -> str:
+        """Its plan, partitions and, persisted, where they are kept (nothing is computed)."""
+        kept = ""
+        if self.is_persisted:
+            held = [w for w in self.locations() if w is not None]
+            kept = f"<br>persisted: {len(held)} of {self.num_partitions} kept on {len(set(held))} worker(s)"
+        plan_text = html.escape(plan.describe(self._node))
+        return (f"<div><b>Clamor dataset {self.id}</b>: {self.num_partitions:,} partitions"
+                f"<br>plan: <code>{plan_text}</code>{kept}</div>")  # fmt: skip
 
     def _derive(self, node: Node) -> Dataset:
         return Dataset(self._runner, node)

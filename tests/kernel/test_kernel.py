@@ -83,8 +83,9 @@ def test_lazy_cluster_starts_nothing_until_used(monkeypatch: pytest.MonkeyPatch)
     assert "not started" in repr(proxy)
     assert not proxy.started
     assert "parallelize" in dir(proxy) and "stats" in dir(proxy)
-    for probe in ("_repr_html_", "_ipython_display_", "__array__"):
+    for probe in ("_ipython_display_", "__array__"):
         assert not hasattr(proxy, probe)  # IPython's display probes do not start workers
+    assert "not started" in proxy._repr_html_()  # its rich display neither
     with pytest.raises(TypeError, match="cannot be shipped"):
         pickle.dumps(proxy)
     assert started == []
