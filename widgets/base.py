@@ -34,6 +34,7 @@ COLORS = {
     "not computed": "#DDDDDD",
     "driver": "#D55E00",
     "peers": "#009E73",
+    "mapped": "#0072B2",
 }
 
 

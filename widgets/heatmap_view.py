@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 from bokeh.layouts import column
 from bokeh.models import (
+    ColorBar,
     ColumnDataSource,
     CustomJS,
     Div,
+    FixedTicker,
     HoverTool,
     LinearColorMapper,
     RadioButtonGroup,
@@ -42,6 +44,21 @@ _NAMES = tuple(m for m, _, _ in METRICS)
 _SUMMED = ("requests", "driver_bytes", "peer_bytes")
 _UNTOUCHED = "#eeeeee"
 _FLOOR = 0.15  # the smallest non-zero value still gets a visible colour
+
+
+def _legend_title(metric: str) -> str:
+    label = next(label for m, label, _ in METRICS if m == metric)
+    scale = "" if metric == "holders" else ", log scale"
+    return f"{label} per cell{scale} (grey: none)"
+
+
+def _range(values: np.ndarray, metric: str) -> tuple[str, str]:
+    """The legend's two labels: the palette's start (just above none) and its end (the
+    most a cell has: :func:`scaled` maps it to 1)."""
+    high = int(values.max()) if len(values) else 0
+    if not high:
+        return "none yet", ""
+    return "> 0", format_bytes(high) if metric in ("driver_bytes", "peer_bytes") else f"{high:,}"
 
 
 def scaled(values: np.ndarray, log: bool = True) -> np.ndarray:
@@ -149,11 +166,26 @@ class PageHeatmap(View):
         self.glyph = self.renderer.glyph
         self.hover = HoverTool(renderers=[self.renderer], tooltips=self._tooltips(1))
         self.figure.add_tools(self.hover)
+        # The colour legend: the palette from the least (but not none: grey) to the most
+        # a cell has of the metric shown, labelled with those values (set at each update).
+        self.legend_source = ColumnDataSource(data={"low": ["none yet"] * len(_NAMES), "high": [""] * len(_NAMES)})
+        self.legend = ColorBar(
+            color_mapper=self.mappers["requests"], ticker=FixedTicker(ticks=[_FLOOR, 1.0]),
+            major_label_overrides={_FLOOR: "none yet", 1.0: ""}, orientation="horizontal", height=8,
+            title=_legend_title("requests"), title_text_font_size="10px",
+            major_label_text_font_size="10px", padding=4, location=(0, 0),
+        )  # fmt: skip
+        self.figure.add_layout(self.legend, "below")
         self.toggle = RadioButtonGroup(labels=[label for _, label, _ in METRICS], active=0)
         self.toggle.js_on_change("active", CustomJS(
-            args={"glyph": self.glyph, "names": list(_NAMES), "mappers": [self.mappers[m] for m in _NAMES]},
+            args={"glyph": self.glyph, "names": list(_NAMES), "mappers": [self.mappers[m] for m in _NAMES],
+                  "legend": self.legend, "labels": self.legend_source,
+                  "titles": [_legend_title(m) for m in _NAMES], "floor": _FLOOR},
             code="const i = cb_obj.active;"
-                 "glyph.fill_color = {field: 'color_' + names[i], transform: mappers[i]};",
+                 "glyph.fill_color = {field: 'color_' + names[i], transform: mappers[i]};"
+                 "legend.color_mapper = mappers[i]; legend.title = titles[i];"
+                 "legend.major_label_overrides = new Map([[floor, labels.data.low[i]], "
+                 "[1, labels.data.high[i]]]);",
         ))  # fmt: skip
         self.totals = Div(text="", styles={"font-size": "11px", "color": "#555"})
         self.root = column(self.toggle, self.totals, self.figure)
@@ -171,6 +203,18 @@ class PageHeatmap(View):
             raise ValueError(f"metric must be one of {_NAMES}, not {name!r}")
         self.toggle.active = _NAMES.index(name)  # the browser follows through the CustomJS
         self.glyph.fill_color = {"field": f"color_{name}", "transform": self.mappers[name]}
+        self._show_legend()
+
+    def _show_legend(self) -> None:
+        """The legend of the metric shown: its palette, its title, its least and most."""
+        i, name = self.toggle.active, self.metric
+        labels = {_FLOOR: self.legend_source.data["low"][i], 1.0: self.legend_source.data["high"][i]}
+        if self.legend.color_mapper is not self.mappers[name]:
+            self.legend.color_mapper = self.mappers[name]
+        if self.legend.title != _legend_title(name):
+            self.legend.title = _legend_title(name)
+        if dict(self.legend.major_label_overrides) != labels:
+            self.legend.major_label_overrides = labels
 
     # --- snapshots ---
 
@@ -195,6 +239,11 @@ class PageHeatmap(View):
         text = self._totals(grid, pages)
         if self.totals.text != text:
             self.totals.text = text
+        ranges = [_range(grid.fields[m], m) for m in _NAMES]
+        labels = {"low": [low for low, _ in ranges], "high": [high for _, high in ranges]}
+        if dict(self.legend_source.data) != labels:
+            self.legend_source.data = labels
+        self._show_legend()
 
     def summary(self, snapshot: ClusterSnapshot) -> str:
         pages = self.pages(snapshot)

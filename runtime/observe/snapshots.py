@@ -111,7 +111,8 @@ class ClusterSnapshot:
     events: tuple[Event, ...]
     pages: PageSnapshot
     totals: dict[str, int]
-    history: tuple[tuple[float, int, int], ...]  # (time, driver bytes, peer bytes) so far
+    #: (time, driver bytes, peer bytes, bytes mapped in place) so far
+    history: tuple[tuple[float, int, int, int], ...]
     lineage: lineage.LineageGraph
 
     @property
@@ -202,7 +203,7 @@ class Publisher:
         self._subscribers: dict[int, Callable[[ClusterSnapshot], None]] = {}
         self._ids = itertools.count()
         self._seq = itertools.count(1)
-        self._history: deque[tuple[float, int, int]] = deque(maxlen=history)
+        self._history: deque[tuple[float, int, int, int]] = deque(maxlen=history)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -240,7 +241,7 @@ class Publisher:
         started = time.perf_counter()
         paging = self.cluster.paging.stats()
         point = (time.time(), int(paging.get("bytes_served_by_driver", 0)),
-                 int(paging.get("bytes_served_by_peers", 0)))  # fmt: skip
+                 int(paging.get("bytes_served_by_peers", 0)), int(paging.get("bytes_mapped", 0)))  # fmt: skip
         with self._lock:
             if not self._history or self._history[-1][1:] != point[1:]:
                 self._history.append(point)

@@ -206,3 +206,23 @@ def test_a_real_stage_shows_up_page_by_page(cluster):
     assert [e["kind"] for e in data_events] == ["ColumnDataChanged"]  # one message per update
     np.testing.assert_array_equal(view.source.data["requests"], cluster.page_stats(arr)["requests"])
     assert (np.asarray(view.source.data["requests"])[-k * 8 // cluster.page_size :] > 0).all()
+
+
+def test_the_colour_legend_follows_the_metric_and_labels_its_ends():
+    """Every colouring has its legend: the palette from just above none (grey cells have
+    none) to the most a cell has, titled with the metric and its scale."""
+    snap = make_snapshot(300)
+    view = PageHeatmap(columns=64)
+    assert view.legend.major_label_overrides[1.0] == ""  # nothing yet
+    view.update(snap)
+    most = int(snap.pages.requests.max())
+    assert view.legend.color_mapper is view.mappers["requests"]
+    assert view.legend.title == "accesses per cell, log scale (grey: none)"
+    assert dict(view.legend.major_label_overrides) == {0.15: "> 0", 1.0: f"{most:,}"}
+    view.metric = "driver_bytes"
+    assert view.legend.color_mapper is view.mappers["driver_bytes"]
+    assert view.legend.major_label_overrides[1.0] == clamor.runtime.paging.arena.format_bytes(most * 4096)
+    view.metric = "holders"
+    assert view.legend.title == "replication per cell (grey: none)"
+    assert view.legend.major_label_overrides[1.0] == str(int(snap.pages.holders.max()))
+    assert view.legend in view.figure.below  # drawn under the cells

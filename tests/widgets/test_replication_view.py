@@ -36,7 +36,9 @@ def test_history_and_holders_on_a_hand_made_snapshot():
     assert view.header.text == "peers served 60% of 20.0 KiB"
     assert "clamor-replication" in view.root.css_classes
     colors = {r.glyph.line_color for r in view.history.renderers}
-    assert colors == {COLORS["driver"], COLORS["peers"]}
+    assert colors == {COLORS["driver"], COLORS["peers"], COLORS["mapped"]}
+    assert list(h["mapped"]) == [0, 0, 0]  # an older history: no mapped bytes
+    assert view.holders.title.text == ""  # copies are held: nothing to explain
     text = view.summary(snap)
     assert "peers served 60%" in text and "pages requested: 5; by holders 0: 1, 1: 1, 2: 2, 3: 1" in text
 
@@ -105,3 +107,19 @@ def test_peers_serve_pages_a_worker_already_holds(cluster):
     assert counts.get(2, 0) >= 128  # most of the array is now held by both workers
     assert "peers served" in view.summary(snap)
     assert view.to_png(snap).startswith(b"\x89PNG")
+
+
+def test_on_one_host_the_charts_show_the_pages_mapped_in_place_and_say_why_no_copy_is_held():
+    """Workers on the driver's host map its pages: nothing is served and nobody holds a
+    copy. The history shows the mapped bytes climb on axes that start at 0, and the
+    holders chart says why it has one bar at 0."""
+    history = ((100.0, 0, 0, 0), (101.0, 0, 0, 8 << 20), (102.0, 0, 0, 24 << 20))
+    snap = make_snapshot(history, (0, 0), holders=[0, 0, 0], requests=[3, 1, 2])
+    snap.totals["bytes_mapped"] = 24 << 20
+    view = ReplicationView()
+    view.update(snap)
+    assert list(view.history_source.data["mapped"]) == [0, 8 << 20, 24 << 20]
+    assert view.history.y_range.start == 0 and view.history.x_range.start == 0
+    assert view.holders.title.text == "mapped in place: no copies"
+    assert view.header.text == "no bytes served; mapped in place (zero copy, no replica needed) 24.0 MiB"
+    assert view.holders.xaxis.axis_label == "copies held"
