@@ -27,7 +27,7 @@ from clamor.widgets.live import LiveView, close_all
 # The views draw with these (imported where used); without them, say which extra has them.
 require_extra("the live views (clamor.widgets)", VIEW_PACKAGES)
 
-__all__ = ["LiveView", "close_all", "dashboard", "heatmap", "lineage", "replication", "timeline"]
+__all__ = ["LiveView", "close_all", "dashboard", "heatmap", "lineage", "load_bokehjs", "replication", "timeline"]
 
 
 def _given(cluster: Any) -> Any:
@@ -58,17 +58,62 @@ def _cluster(cluster: Any) -> Any:
 _bokehjs_loaded = False
 
 
-def _load_bokehjs() -> None:
-    """Put BokehJS into the notebook page once per kernel: jupyter_bokeh does not bundle
-    it, and the default (a CDN) is unreachable offline, so it goes inline (~1 MB)."""
-    global _bokehjs_loaded
-    if _bokehjs_loaded:
-        return
-    if _in_notebook():
+#: Loads BokehJS from the Clamor server extension's copy (``clamor/static/bokeh/``, under
+#: the page's base URL), synchronously so that the views' widgets, rendered next, find it;
+#: a few hundred bytes in the saved notebook instead of BokehJS itself (~4 MB, twice).
+_LOADER = """
+(function () {
+  if (window.Bokeh && window.Bokeh.version === "%(version)s") { return; }
+  var config = document.getElementById("jupyter-config-data");
+  var base = config ? JSON.parse(config.textContent).baseUrl : "/";
+  var failed = [];
+  %(files)s.forEach(function (name) {
+    var request = new XMLHttpRequest();
+    request.open("GET", base + "clamor/static/bokeh/js/" + name + "?v=%(version)s", false);
+    try { request.send(); } catch (e) { failed.push(name); return; }
+    if (request.status !== 200) { failed.push(name); return; }
+    (0, eval)(request.responseText);
+  });
+  if (failed.length && element && element.append) {
+    element.append("BokehJS could not be loaded from the Clamor server extension (" + failed +
+                   "): the views need it; clamor.widgets.load_bokehjs(inline=True) puts it in the notebook.");
+  }
+})();
+"""
+#: The BokehJS bundles the views use (no math text: no mathjax bundle).
+_BOKEHJS = ("bokeh.min.js", "bokeh-gl.min.js", "bokeh-widgets.min.js", "bokeh-tables.min.js")
+
+
+def load_bokehjs(inline: bool | None = None) -> None:
+    """Put BokehJS into the notebook page (jupyter_bokeh does not bundle it, and its CDN
+    is unreachable offline). In a notebook server's kernel (``JPY_SESSION_NAME``, set by
+    jupyter-server) a small loader fetches it from the Clamor server extension; elsewhere
+    (nbclient, other front ends), or with ``inline=True``, it goes inline (~4 MB)."""
+    import json
+    import os
+
+    from IPython.display import Javascript, display
+
+    if inline is None:
+        inline = "JPY_SESSION_NAME" not in os.environ
+    if inline:
         from bokeh.io import output_notebook
         from bokeh.resources import INLINE
 
         output_notebook(INLINE, hide_banner=True)
+        return
+    import bokeh
+
+    display(Javascript(_LOADER % {"version": bokeh.__version__, "files": json.dumps(_BOKEHJS)}))
+
+
+def _load_bokehjs() -> None:
+    """:func:`load_bokehjs`, once per kernel, in a notebook."""
+    global _bokehjs_loaded
+    if _bokehjs_loaded:
+        return
+    if _in_notebook():
+        load_bokehjs()
         _bokehjs_loaded = True
 
 

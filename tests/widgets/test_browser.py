@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,6 +236,16 @@ def test_dashboard_is_live_in_jupyterlab(page: Any, lab: Lab, case: Case) -> Non
             pictures.setdefault(s["cell"], set()).add(s["hash"])
     changes = {cell: len(hashes) for cell, hashes in pictures.items()}
     assert max(changes.values()) >= 2, f"the heatmap did not change while a cell ran: {changes}"
+    # Saved with its dashboard, the notebook stays small: BokehJS is loaded from the
+    # server extension, not inlined in the outputs (it was 2 x 4 MB).
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    saved = lab.root / case.notebook.name
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and b"clamor/static/bokeh/js/" not in saved.read_bytes():
+        time.sleep(0.5)
+    text = saved.read_bytes()
+    assert b"clamor/static/bokeh/js/" in text, "the notebook was not saved with its outputs"
+    assert len(text) < 1 << 20, f"the saved notebook holds {len(text):,} bytes"
 
 
 @pytest.mark.timeout(180)
