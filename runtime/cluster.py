@@ -35,6 +35,7 @@ from clamor.runtime.credentials import Credentials
 from clamor.runtime.data import checkpoint, lineage
 from clamor.runtime.data.dataset import DatasetSources
 from clamor.runtime.errors import ClamorError
+from clamor.runtime.futures import ClusterExecutor, ClusterFuture, Dispatcher
 from clamor.runtime.launchers.local import Launcher, LocalLauncher
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
@@ -298,6 +299,8 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             )
             undo.callback(self._executor.join)
             undo.callback(self._executor.close)
+            # calls submitted as futures (their thread must not keep the cluster alive either)
+            self._futures = Dispatcher(lambda *a: (c := me()) and c._run_futures(*a), self._executor.value_of)
             self._pins: collections.Counter[int] = collections.Counter()
             store = self._executor.driver_store  # not the cluster: its server must not keep it alive
             self._bulk = None if tls else BulkServer(self._token.encode(), host, store.lookup)
@@ -393,6 +396,29 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             tasks.append(TaskSpec(i, worker=worker_id))
         with self.time_limit(timeout, "run"):
             return self.execute(StageSpec(CallTable(payloads), tasks, epoch=epoch))
+
+    # --- futures ---
+
+    def submit(self, fn: Callable, *args: Any, worker: int | None = None, **kwargs: Any) -> ClusterFuture:
+        """Run ``fn(*args, **kwargs)`` on a worker (``worker``: that one) and return at once:
+        a ``concurrent.futures.Future`` of its result, awaitable in async code
+        (runtime/futures.py). Pickled now: what cannot be shipped fails here."""
+        self._check_open()
+        return self._futures.submit(pack_task(fn, args, kwargs, self.page_size or None), worker)
+
+    def map(self, fn: Callable, *iterables: Iterable) -> list[ClusterFuture]:
+        """:meth:`submit` ``fn`` once per element (zipped, as the builtin ``map``): the futures."""
+        return [self.submit(fn, *args) for args in zip(*iterables)]
+
+    def executor(self) -> ClusterExecutor:
+        """A ``concurrent.futures.Executor`` whose calls run on the cluster."""
+        return ClusterExecutor(self.submit)
+
+    def _run_futures(self, payloads: list[bytes], workers: list[int | None], on_task: Callable) -> None:
+        """The futures' dispatcher: run their calls as one streaming stage."""
+        tasks = [TaskSpec(i, worker=w) for i, w in enumerate(workers)]
+        self._executor.execute(StageSpec(CallTable(payloads), tasks, name="futures"), lambda: self.workers,
+                               on_task=on_task)  # fmt: skip
 
     def time_limit(self, seconds: float | None, action: str = "the action") -> contextlib.AbstractContextManager:
         """The stages this thread runs in the block finish within ``seconds`` (``None``: the
@@ -539,6 +565,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
                 self._closed = True
                 live = [w for w in self._workers.values() if w.lost is None]
             try:
+                self._futures.close()
                 if self._publisher is not None:
                     self._publisher.close()
                 self._throttle.close()

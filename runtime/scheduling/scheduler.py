@@ -63,6 +63,7 @@ from clamor.runtime.scheduling.scheduler_policy import (  # the instructions liv
     StageDone,
     StageFailed,
     StageState,
+    TaskEnded,
     TaskResult,
     WorkerState,
     group,
@@ -242,12 +243,16 @@ class SchedulerState:
         return self._refill(out)
 
     def stage_submitted(
-        self, stage: int, tasks: Sequence[TaskSpec], *, now: float | None = None, key: Hashable = None
-    ) -> list[Instruction]:
+        self, stage: int, tasks: Sequence[TaskSpec], *, now: float | None = None, key: Hashable = None,
+        streaming: bool = False,
+    ) -> list[Instruction]:  # fmt: skip
         """Queue a stage's tasks (FIFO after the active stages) and place what fits.
 
         ``key``: the program's identity: a stage run again with the same key (after it
         failed) starts from the losses its tasks had (the last :data:`CARRIED_KEYS` keys).
+        ``streaming``: each task's end is an instruction of its own (:class:`TaskEnded`),
+        and a task's error ends that task, not the stage (futures; the stage is done when
+        every task ended).
         ``ValueError`` for a stage id seen before or indices other than 0..n-1; a task
         pinned to a dead worker or reading a partition nobody holds: StageFailed at once.
         """
@@ -263,7 +268,7 @@ class SchedulerState:
         dead = sorted({t.worker for t in specs if t.worker is not None} - set(self._workers))
         if dead:
             return [StageFailed(stage, WorkerLostError(dead[0], "not a live worker"))]
-        state = StageState(stage, specs, key=key)
+        state = StageState(stage, specs, key=key, streaming=streaming)
         if key is not None:
             state.losses = dict(self._carried.get(key, {}))
         if missing := self._missing(state, range(len(specs))):
@@ -321,16 +326,14 @@ class SchedulerState:
         if attempt.index not in stage.results:
             stage.results[attempt.index] = result
             stage.durations.add(result.duration)
+            if stage.streaming:
+                out.append(TaskEnded(stage.id, attempt.index, result))
             state.tasks_done += 1
             if result.outputs:
                 out += self._register(worker, result.outputs)
             if attempt.index in stage.copies:
                 out += self._cancel(stage, stage.copies[attempt.index])
-            if len(stage.results) == len(stage.specs):
-                self._carried.pop(stage.key, None)  # it works: a rerun starts afresh
-                self._end(stage)
-                results = tuple(stage.results[i] for i in range(len(stage.specs)))
-                out.append(StageDone(stage.id, results))
+            out += self._done_if_complete(stage)
         return True
 
     def task_failed(
@@ -350,6 +353,9 @@ class SchedulerState:
         stage = self._stages[failed.stage]
         if failed.index in stage.copies:
             return self._refill([])
+        if stage.streaming:  # that task ends with its error; the others go on
+            stage.results[failed.index] = TaskResult(failed.index, worker, attempt)
+            return self._refill([TaskEnded(stage.id, failed.index, error=error), *self._done_if_complete(stage)])
         missing = self._partitions.missing(failed.spec.inputs)
         if missing and not isinstance(error, MissingPartitionError):
             missing_error = MissingPartitionError(missing)
@@ -550,6 +556,14 @@ class SchedulerState:
         stage.suspected.clear()
         self._end(stage)
         return [StageFailed(stage.id, error), *cancels]
+
+    def _done_if_complete(self, stage: StageState) -> list[Instruction]:
+        """``[StageDone]`` (the stage ended) once every task has its result, else ``[]``."""
+        if len(stage.results) < len(stage.specs):
+            return []
+        self._carried.pop(stage.key, None)  # it works: a rerun starts afresh
+        self._end(stage)
+        return [StageDone(stage.id, tuple(stage.results[i] for i in range(len(stage.specs))))]
 
     def _end(self, stage: StageState) -> None:
         """Forget an ended stage, the slow marks it set and the attempts taken back from it."""

@@ -83,6 +83,17 @@ class StageDone:
 
 
 @dataclasses.dataclass(frozen=True)
+class TaskEnded:
+    """A task of a *streaming* stage ended (its first result, or its error): the stage's
+    caller may use it before the stage is done (futures)."""
+
+    stage: int
+    index: int
+    result: TaskResult | None = None
+    error: BaseException | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class StageFailed:
     """``stage`` is over with ``error`` (its running attempts are cancelled alongside)."""
 
@@ -105,7 +116,7 @@ class PartitionsLost:
     keys: tuple[PartitionKey, ...]
 
 
-Instruction = Launch | Cancel | StageDone | StageFailed | Drop | PartitionsLost
+Instruction = Launch | Cancel | TaskEnded | StageDone | StageFailed | Drop | PartitionsLost
 
 
 # --- the policy and helpers ---------------------------------------------------
@@ -471,5 +482,7 @@ class StageState:
     suspects: list[int] = dataclasses.field(default_factory=list)
     #: the program's identity across stages (a rerun of a failed stage has the same).
     key: Any = None
+    #: each task's end is told (TaskEnded), and a task's error ends that task alone
+    streaming: bool = False
     #: pending indices queued again after a loss (counted in ``tasks_rerun`` at launch).
     rerun: set[int] = dataclasses.field(default_factory=set)

@@ -306,3 +306,22 @@ def test_cancelling_an_unknown_or_finished_stage_does_nothing():
     assert state.stage_cancelled(99, RuntimeError()) == []
 
 
+
+
+def test_a_streaming_stage_tells_each_tasks_end_and_a_task_error_ends_that_task_alone():
+    """Futures run as a streaming stage: each first result, and each error, is an
+    instruction of its own; the stage is done when every task ended."""
+    from clamor.runtime.scheduling.scheduler import TaskEnded
+
+    state = cluster(0, 1)
+    placed = launched(state.stage_submitted(1, tasks(3), streaming=True))
+    first = placed[0][0]
+    out = finish(state, first)
+    assert of(out, TaskEnded) == [TaskEnded(1, first.index, out[0].result)] and out[0].result.attempt == first.id
+    error = ValueError("bad")
+    out = state.task_failed(1, placed[1][0].id, error)
+    assert of(out, TaskEnded) == [TaskEnded(1, placed[1][0].index, error=error)]
+    assert of(out, StageFailed) == [] and state.snapshot()["stages"][1]["done"] == 2
+    (ended, done) = finish(state, placed[0][1])
+    assert isinstance(ended, TaskEnded) and isinstance(done, StageDone)
+    assert [r.index for r in done.results] == [0, 1, 2]
