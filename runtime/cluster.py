@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Self
 
 import grpc
-from clamor.runtime import deadlines
+from clamor.runtime import deadlines, joblib_backend
 from clamor.runtime.cluster_inspection import ClusterInspection
 from clamor.runtime.cluster_workers import ClusterWorkers, SchedulerServicer, Worker
 from clamor.runtime.credentials import Credentials
@@ -332,6 +332,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             launcher.bind(self.address, self._credentials, host=host, log_dir=log_dir)
             undo.pop_all()  # started: close() and the finalizer own all of it now
         _open_clusters.add(self)
+        joblib_backend.register(open_clusters)  # joblib.parallel_config(backend="clamor")
         self._finalizer = weakref.finalize(
             self,
             _shutdown,

@@ -120,7 +120,7 @@ RUNTIME_LAYERS = [
     {"storage", "data"},
     {"observe"},
     {"scheduling", "worker", "launchers"},
-    {"cluster_inspection", "cluster_workers", "futures"},
+    {"cluster_inspection", "cluster_workers", "futures", "joblib_backend"},
     {"cluster"},
 ]
 
