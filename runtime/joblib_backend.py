@@ -92,6 +92,8 @@ def _backend_class() -> type:
                 future.add_done_callback(callback)
             return future
 
+        apply_async = submit  # the name joblib before 1.4 calls
+
         def retrieve_result_callback(self, out: Any) -> Any:
             return out.result()
 
