@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from clamor.kernel import session
+from clamor.runtime.paging.arena import format_bytes
 
 __all__ = ["ProgressBar", "in_notebook", "progress", "watch_cells"]
 
@@ -72,6 +73,10 @@ class ProgressBar:
         self.succeeded = True
         self.workers: dict[Any, dict] = {}
         self._base: dict[Any, int] | None = None
+        #: Bytes the workers read from the arena since the bar started (mapped in place,
+        #: served by the driver or by peers), from the driver's own counters.
+        self.paged = 0
+        self._paged_base: int | None = None
         self._handle: Any = None
         self._width = 0
         self.shown = False
@@ -92,6 +97,10 @@ class ProgressBar:
             w: {"running": s.get("running", 0), "done": s.get("tasks_done", 0) - self._base.get(w, 0)}
             for w, s in workers.items()
         }
+        paged = _paged(self.cluster)
+        if self._paged_base is None:
+            self._paged_base = paged
+        self.paged = max(0, paged - self._paged_base)
 
     @property
     def done(self) -> int:
@@ -119,6 +128,13 @@ class ProgressBar:
         )
         elapsed = time.monotonic() - self.started
         line = f"[{bar}] {done}/{total} tasks, {stages} stage{'s' if stages != 1 else ''}"
+        if done and elapsed > 0:
+            rate = done / elapsed
+            line += f", {rate:.3g} tasks/s"
+            if not final and total > done:
+                line += f", ETA {(total - done) / rate:.0f} s"
+        if self.paged:
+            line += f", {format_bytes(self.paged)} paged"
         line += f" | {workers}" if workers else ""
         return f"{line} | {elapsed:.1f} s{f' {final}' if final else ''}"
 
@@ -158,6 +174,15 @@ class ProgressBar:
             out.flush()
             self._width = len(line)
         self.shown = True
+
+
+def _paged(cluster: Any) -> int:
+    """Bytes the workers read from the arena so far (0 without a pager's counters)."""
+    try:
+        stats = cluster.paging.stats()
+    except Exception:  # noqa: BLE001 - a fake cluster, or one closing: no figure
+        return 0
+    return sum(int(stats.get(k, 0)) for k in ("bytes_mapped", "bytes_served_by_driver", "bytes_served_by_peers"))
 
 
 class _View:

@@ -465,6 +465,7 @@ def test_progress_bar_in_a_notebook(shell, cluster):
     assert any("<progress" in h for h in htmls)
     final = captured.outputs[-1].data
     assert re.match(r"\[#+\] (\d+)/\1 tasks, .* done$", final["text/plain"]), final
+    assert "tasks/s" in final["text/plain"]
     assert "done" in final["text/html"]
 
 
@@ -566,7 +567,22 @@ def test_progress_bar_counts_without_a_cluster_call():
     bar.poll()
     bar.poll()
     assert (bar.done, bar.total) == (1, 4) and "w0:1+1" in bar.text()
+    bar.started -= 2.0  # 1 task in 2 s: 0.5 a second, 3 to go
+    assert ", 0.5 tasks/s, ETA 6 s |" in bar.text() and "ETA" not in bar.text("done")
     bar.poll()
     assert (bar.done, bar.total) == (4, 4)
     bar.succeeded = False
     assert bar.done == 4  # by the workers' counts
+
+
+def test_progress_bar_counts_the_bytes_workers_read_from_the_arena():
+    reads = iter([0, 1 << 20, 3 << 20])
+    snap = {"stages": {1: {"total": 2, "done": 1}}, "workers": {0: {"running": 1, "tasks_done": 1}}}
+    fake = SimpleNamespace(scheduler_snapshot=lambda: snap,
+                           paging=SimpleNamespace(stats=lambda: {"bytes_mapped": next(reads)}))  # fmt: skip
+    bar = ProgressBar(fake, notebook=False)
+    bar.poll()
+    bar.poll()
+    assert "1.0 MiB paged" in bar.text()
+    bar.poll()
+    assert "3.0 MiB paged" in bar.text()
