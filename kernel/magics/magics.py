@@ -8,6 +8,8 @@ stage. The line magics (commands.py) manage the session's cluster.
 from __future__ import annotations
 
 import collections.abc
+import contextvars
+import threading
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from clamor.kernel.magics.progress import progress
 from clamor.kernel.magics.views import ViewCommands
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.data.dataset import Dataset
+from clamor.runtime.futures import ClusterFuture
 from clamor.runtime.net import shipping
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -127,7 +130,9 @@ class ClamorMagics(LineCommands, ViewCommands, Magics):
             shipping.pack_task(compiled.fn, (), None, getattr(cluster, "page_size", None) or None)
         with errors.short():
             dataset = to_dataset(source, args.source, cluster, args.partitions)
-            if kind == "reduce":
+            if args.background:
+                result = in_background(cluster, kind, dataset, compiled.fn)
+            elif kind == "reduce":
                 with progress(cluster):
                     result = dataset.reduce(compiled.fn)
             else:
@@ -176,6 +181,27 @@ class ClamorMagics(LineCommands, ViewCommands, Magics):
             with errors.short():
                 cluster = session.get()
         return cluster
+
+
+def in_background(cluster: Cluster, kind: str, dataset: Dataset, fn: Any) -> ClusterFuture:
+    """``--background``: run the cell's work on a thread of its own, with its progress bar
+    in the cell's output; a future of the result (a dataset's collected elements, or the
+    reduced value). The cluster runs one stage at a time: later cells' actions wait."""
+    future = ClusterFuture()
+    future.set_running_or_notify_cancel()
+
+    def work() -> None:
+        try:
+            with progress(cluster, delay=0.0):
+                value = dataset.reduce(fn) if kind == "reduce" else getattr(dataset, kind)(fn).collect()
+        except BaseException as exc:  # noqa: BLE001 - the future carries it, short
+            future.set_exception(errors.shorten(exc))
+        else:
+            future.set_result(value)
+
+    context = contextvars.copy_context()  # output (the bar) goes to this cell
+    threading.Thread(target=context.run, args=(work,), name="clamor-background", daemon=True).start()
+    return future
 
 
 def check_name(name: str, what: str) -> str:

@@ -101,6 +101,9 @@ def _build() -> dict[str, _Parser]:
                        help="the variable that receives the result (default: _)")
         p.add_argument("--partitions", metavar="N", type=_positive_int, default=None,
                        help="partitions of a sequence; a dataset is repartitioned")  # fmt: skip
+        p.add_argument("--background", action="store_true",
+                       help="run it now, off the kernel's thread: the result is a future "
+                            "(collected, for a dataset) and the cell returns at once")  # fmt: skip
         parsers[name] = p
 
     p = _parser("start", LINE_COMMANDS["start"])

@@ -8,6 +8,7 @@ cluster per process). Output is what the user sees: stdout and stderr of
 from __future__ import annotations
 
 import _thread
+import concurrent.futures
 import gc
 import re
 import signal
@@ -586,3 +587,19 @@ def test_progress_bar_counts_the_bytes_workers_read_from_the_arena():
     assert "1.0 MiB paged" in bar.text()
     bar.poll()
     assert "3.0 MiB paged" in bar.text()
+
+
+def test_background_runs_the_cell_off_the_kernel_thread_and_gives_a_future(run, shell):
+    """``--background``: the cell returns at once with a future of the work's result (a
+    dataset collected, a reduction's value); the kernel runs other cells meanwhile."""
+    started = time.monotonic()
+    result, _ = run("%%clamor map pts --background --into later\nimport time\ntime.sleep(0.3)\nx * 2")
+    assert time.monotonic() - started < 1.0  # 20 elements on 2 workers would take longer
+    future = shell.user_ns["later"]
+    assert isinstance(future, concurrent.futures.Future) and result.result is future
+    assert run("1 + 1")[0].result == 2  # the kernel goes on
+    assert future.result(timeout=60) == [2 * i for i in range(20)]
+    total = run("%%clamor reduce pts --background\na + b")[0].result
+    assert total.result(timeout=60) == 190
+    failed = run("%%clamor map pts --background\n1 / 0")[0].result
+    assert isinstance(failed.exception(timeout=60), ZeroDivisionError)
