@@ -63,6 +63,20 @@ def depths(graph: LineageGraph) -> dict[int, int]:
     return depth
 
 
+def activity(snapshot: ClusterSnapshot) -> str:
+    """`` · running: NAME (done/total)`` for the stages running now, else `` · last: NAME``
+    (the stage that ran last), else ``""``."""
+    running = [r for r in snapshot.stage_log if r.end is None and r.stage in snapshot.stages]
+    if running:
+        parts = [f"{r.name or f'stage {r.stage}'} ({snapshot.stages[r.stage].get('done', 0)}/"
+                 f"{snapshot.stages[r.stage].get('total', r.tasks)})" for r in running[-2:]]  # fmt: skip
+        return " · running: " + ", ".join(parts)
+    if snapshot.stage_log:
+        last = snapshot.stage_log[-1]
+        return f" · last: {last.name or f'stage {last.stage}'}"
+    return ""
+
+
 def columns(graph: LineageGraph) -> list[int]:
     """The datasets left to right: by depth, then by id (creation order)."""
     depth = depths(graph)
@@ -183,24 +197,28 @@ class LineageView(View):
             return None
 
     def update(self, snapshot: ClusterSnapshot) -> None:
-        """Redraw if the graph changed (nodes, states, holders or edges)."""
+        """Redraw if the graph changed (nodes, states, holders or edges); the title also
+        says which stages run (or ran last), so the view is not blank while a stage over
+        datasets that keep nothing runs."""
         graph = self.graph(snapshot)
         if graph is None:
             return
         signature = (tuple((n.key, n.state, n.holder, n.epoch) for n in graph.nodes), len(graph.edges))
-        if signature == self._signature:
-            return
-        self._signature = signature
-        nodes, edges, labels = layout(graph, self.max_nodes, self.max_edges)
-        set_data(self.nodes_source, nodes)
-        set_data(self.edges_source, edges)
-        set_data(self.labels_source, labels)
-        title = self._title(graph, len(nodes["id"]), len(edges["xs"]))
+        if signature != self._signature:
+            self._signature = signature
+            nodes, edges, labels = layout(graph, self.max_nodes, self.max_edges)
+            set_data(self.nodes_source, nodes)
+            set_data(self.edges_source, edges)
+            set_data(self.labels_source, labels)
+            self._shown = (len(nodes["id"]), len(edges["xs"]))
+        title = self._title(graph, *self._shown) + activity(snapshot)
         if self.figure.title.text != title:
             self.figure.title.text = title
 
     def _title(self, graph: LineageGraph, shown: int, edges: int | None = None) -> str:
         """Partitions and datasets, how many are lost / recomputed, and what was left out."""
+        if not graph.nodes:
+            return f"{self.title}: no partition kept yet (persist() a dataset to see its lineage)"
         datasets = len({n.dataset for n in graph.nodes})
         counts = graph.states()
         marks = "".join(f", {s} {counts[s]}" for s in ("lost", "recomputed") if counts.get(s))
@@ -209,6 +227,8 @@ class LineageView(View):
             cut += f" and {edges} of {len(graph.edges)} edges"
         plural = "" if datasets == 1 else "s"
         return f"{self.title}: {len(graph.nodes)} partitions in {datasets} dataset{plural}{marks}{cut}"
+
+    _shown = (0, 0)  # nodes and edges drawn (a large graph is cut)
 
     def summary(self, snapshot: ClusterSnapshot) -> str:
         """Partitions per state for each dataset, and which partitions are lost."""

@@ -5,6 +5,7 @@ inside a ``jupyter_bokeh.BokehModel`` widget with no kernel (a dummy comm)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -220,3 +221,23 @@ def test_a_persisted_dataset_and_its_recovery_after_a_kill():
         assert png[:4] == b"\x89PNG"
         with open("/tmp/tl_lineage_real.png", "wb") as f:
             f.write(png)
+
+
+def test_with_nothing_kept_the_title_says_so_and_what_runs():
+    """A stage over datasets that keep nothing (a plain collect) leaves the graph empty:
+    the title says why, and which stage runs now or ran last."""
+    from clamor.runtime.observe.telemetry import StageRecord
+
+    view = LineageView()
+    empty = snap(LineageGraph([], []))
+    view.update(empty)
+    assert view.figure.title.text == "Lineage: no partition kept yet (persist() a dataset to see its lineage)"
+    running = dataclasses.replace(
+        empty, stages={4: {"total": 8, "done": 3}},
+        stage_log=(StageRecord(4, "collect: map", 8, 1, time.time(), None, "running"),),
+    )  # fmt: skip
+    view.update(running)
+    assert view.figure.title.text.endswith(" · running: collect: map (3/8)")
+    ended = dataclasses.replace(empty, stage_log=(StageRecord(4, "collect: map", 8, 1, 0.0, 1.0, "ok"),))
+    view.update(ended)
+    assert view.figure.title.text.endswith(" · last: collect: map")
