@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -39,13 +40,28 @@ from jupyter_remote import api_request
 CONFIG = REPO / "deploy" / "jupyterhub" / "jupyterhub_config.py"
 
 
+#: Where :func:`free_ports` picks: below Linux's ephemeral range (32768-60999 by default),
+#: which the kernel hands to every bind of port 0 (the workers' gRPC servers of the tests
+#: running beside this one): one of those took a Hub's port before the Hub bound it.
+PORTS = range(20_000, 32_000)
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on 127.0.0.1 now (held open together while chosen)."""
+    """``n`` distinct TCP ports free on 127.0.0.1 now (held open together while chosen),
+    outside the ephemeral range (:data:`PORTS`)."""
+    rng = random.SystemRandom()
     with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+        ports: list[int] = []
+        while len(ports) < n:
+            sock = stack.enter_context(socket.socket())
+            port = rng.choice(PORTS)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken: another
+            if port not in ports:
+                ports.append(port)
+        return ports
 
 
 class HubError(RuntimeError):
