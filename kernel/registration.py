@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,11 @@ logger = logging.getLogger("clamor.kernel.registration")
 
 def kernel_id() -> str | None:
     """This kernel's id (from its connection file ``kernel-<id>.json``), or None outside
-    a kernel a Jupyter server started."""
+    a kernel a Jupyter server started. Outside a kernel ipykernel is not imported, and is
+    not imported here either (its import pulls in debugpy: slow, and it once hung a
+    test process for good while tracing was being probed)."""
+    if "ipykernel.kernelapp" not in sys.modules:
+        return None
     try:
         from ipykernel.kernelapp import IPKernelApp
     except ImportError:
