@@ -512,7 +512,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         """Ids of the live workers."""
         self._refresh()
         with self._cond:
-            return sorted(w.id for w in self._workers.values() if w.ready and w.lost is None)
+            return self._live_ids()
 
     @property
     def closed(self) -> bool:

@@ -357,11 +357,15 @@ class ClusterWorkers:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                live = sorted(w.id for w in self._workers.values() if w.ready and w.lost is None)
+                live = self._live_ids()
                 left = None if deadline is None else deadline - time.monotonic()
                 if len(live) >= n or not self._starting or (left is not None and left <= 0):
                     return live
                 self._cond.wait(POLL_INTERVAL if left is None else min(POLL_INTERVAL, left))
+
+    def _live_ids(self) -> list[int]:
+        """(Under ``_cond``.) The ids of the ready workers not lost, sorted."""
+        return sorted(w.id for w in self._workers.values() if w.ready and w.lost is None)
 
     def _kill(self, worker: Worker, why: str, must: bool = False) -> bool:
         """SIGKILL ``worker`` and mark it lost, saying ``why`` after how it ended; False if

@@ -109,7 +109,7 @@ class DriverPager:
                 "process's arena; close it first (one paging cluster per process)"
             )
         arena.get_arena()
-        self.page_size = arena.to_bytes(page_size, "page_size") if page_size else arena.page_size()
+        self.page_size = page_size or arena.page_size()  # in bytes: checked above
         self.arena_size = int(lib.clamor_arena_size())
         self.host, self.transport = host, transport
         self.readahead = readahead
