@@ -53,6 +53,7 @@ from clamor.runtime.paging.pager import MAX_WORKERS, WORKER_LIMIT_REASON, Driver
 from clamor.runtime.paging.paging_api import DriverPaging
 from clamor.runtime.paging.read_sets import ReadSet
 from clamor.runtime.scheduling.executor import Executor
+from clamor.runtime.scheduling.streaming import TaskStream
 from clamor.runtime.scheduling.throttle import Throttle
 from clamor.runtime.stage import PartitionKey, StageSpec, TaskSpec
 from clamor.runtime.storage.bulk import BulkClient, BulkServer
@@ -415,11 +416,11 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         """A ``concurrent.futures.Executor`` whose calls run on the cluster."""
         return ClusterExecutor(self.submit)
 
-    def _run_futures(self, payloads: list[bytes], workers: list[int | None], on_task: Callable) -> None:
+    def _run_futures(self, payloads: list[bytes], workers: list[int | None], stream: TaskStream) -> None:
         """The futures' dispatcher: run their calls as one streaming stage."""
         tasks = [TaskSpec(i, worker=w) for i, w in enumerate(workers)]
         self._executor.execute(StageSpec(CallTable(payloads), tasks, name="futures"), lambda: self.workers,
-                               on_task=on_task)  # fmt: skip
+                               stream=stream)  # fmt: skip
 
     def time_limit(self, seconds: float | None, action: str = "the action") -> contextlib.AbstractContextManager:
         """The stages this thread runs in the block finish within ``seconds`` (``None``: the

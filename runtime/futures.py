@@ -11,9 +11,11 @@ runtime/scheduling/scheduler.py), so each future resolves as soon as its task en
 and a task's error fails its future alone. Calls submitted while a stage runs go in
 the next one: stages run one at a time (each is an epoch of the arena: a call reads
 the arena as it was when its stage began). A call is pickled when it is submitted, so
-an argument that cannot be shipped fails there, naming it. A future not started yet
-can be cancelled; a running one cannot (``cancel()`` says ``False``), as with
-``concurrent.futures``.
+an argument that cannot be shipped fails there, naming it. ``cancel()`` works on a
+running call too, as Dask's does (``concurrent.futures`` only cancels calls not
+started): its task is interrupted on its worker (as Ctrl-C would,
+runtime/worker/interrupts.py), the others of its stage run on, and the future is
+cancelled at once.
 """
 
 from __future__ import annotations
@@ -21,25 +23,48 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import _base
 from typing import Any
 
 from clamor.runtime.errors import ClamorError
+from clamor.runtime.scheduling.streaming import TaskStream
 
 logger = logging.getLogger("clamor.futures")
 
-#: ``run(payloads, workers, on_task)``: run the packed calls as one streaming stage (the
-#: cluster's); ``on_task(index, result, error)`` as each ends; returns when all ended.
-RunBatch = Callable[[list[bytes], list[int | None], Callable[[int, Any, BaseException | None], None]], None]
+#: ``run(payloads, workers, stream)``: run the packed calls as one streaming stage (the
+#: cluster's); ``stream.on_task(index, result, error)`` as each ends; returns when all ended.
+RunBatch = Callable[[list[bytes], list[int | None], TaskStream], None]
 
 
 class ClusterFuture(concurrent.futures.Future):
     """A ``concurrent.futures.Future`` of a call on the cluster; ``await`` it in async code."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._stop: Callable[[], None] | None = None  # set while its call runs
+
     def __await__(self) -> Any:
         return asyncio.wrap_future(self).__await__()
+
+    def cancel(self) -> bool:
+        """Cancel the call, also while it runs (its task is interrupted on its worker);
+        ``False`` only if it has ended."""
+        if super().cancel():
+            return True
+        with self._condition:  # as ``Future.cancel`` and ``set_running_or_notify_cancel`` do
+            if self._state != _base.RUNNING or self._stop is None:
+                return False
+            self._state = _base.CANCELLED_AND_NOTIFIED
+            for waiter in self._waiters:
+                waiter.add_cancelled(self)
+            self._condition.notify_all()
+        self._invoke_callbacks()
+        self._stop()
+        return True
 
 
 class Dispatcher:
@@ -101,10 +126,13 @@ class Dispatcher:
                 self._ended.append((futures[index], result, error))
                 self._cond.notify_all()
 
+        stream = TaskStream(on_task)
+        for index, future in enumerate(futures):
+            future._stop = functools.partial(stream.cancel, index, concurrent.futures.CancelledError())
         resolver = threading.Thread(target=self._resolve, args=(futures,), name="clamor-futures-done", daemon=True)
         resolver.start()
         try:
-            self._run([p for _, p, _ in batch], [w for _, _, w in batch], on_task)
+            self._run([p for _, p, _ in batch], [w for _, _, w in batch], stream)
         except BaseException as exc:  # noqa: BLE001 - the stage failed: its futures not ended get it
             with self._cond:
                 self._ended.extend((f, None, exc) for f in futures)
@@ -112,16 +140,18 @@ class Dispatcher:
         resolver.join()
 
     def _resolve(self, futures: list[ClusterFuture]) -> None:
-        """Hand each ended task's value (or error) to its future, until all are done."""
-        left = len(futures)
+        """Hand each ended task's value (or error) to its future, until every task ended."""
+        left = {id(future) for future in futures}
         while left:
             with self._cond:
                 while not self._ended:
                     self._cond.wait()
                 future, result, error = self._ended.popleft()
-            if future.done():
+            if id(future) not in left:
                 continue  # a stage's failure after its task had ended
-            left -= 1
+            left.discard(id(future))
+            if future.done():
+                continue  # cancelled while it ran
             try:
                 if error is not None:
                     future.set_exception(error)

@@ -61,6 +61,7 @@ from clamor.runtime.scheduling.scheduler import (
     TaskResult,
 )
 from clamor.runtime.scheduling.stopping import Stopper
+from clamor.runtime.scheduling.streaming import TaskStream
 from clamor.runtime.stage import DRIVER, PartitionKey, StageSpec, TaskSpec
 from clamor.runtime.storage.bulk import BulkClient, fetch_partition
 from clamor.runtime.storage.partitions import (
@@ -74,9 +75,6 @@ T = TypeVar("T")
 
 #: How often a waiting stage checks that its workers are still alive.
 POLL_INTERVAL = 0.1
-#: ``on_task(index, result, error)``: a task of a streaming stage ended (:meth:`Executor.execute`).
-OnTask = Callable[[int, "TaskResult | None", "BaseException | None"], None]
-
 
 @dataclasses.dataclass
 class _StageRun:
@@ -85,7 +83,7 @@ class _StageRun:
     future: concurrent.futures.Future
     name: str = ""
     recompute: bool = False
-    on_task: OnTask | None = None  # a streaming stage's: each task's end
+    stream: TaskStream | None = None  # a streaming stage's link with its caller
     sent_to: set[int] = dataclasses.field(default_factory=set)
     #: a fused stage's chunks, ``(first index, count)`` per attempt index (empty: not fused)
     chunks: list[tuple[int, int]] = dataclasses.field(default_factory=list)
@@ -322,8 +320,8 @@ class Executor:
     def _carry_out(self, instruction: Any) -> None:
         if isinstance(instruction, TaskEnded):
             run = self._stages.get(instruction.stage)
-            if run is not None and run.on_task is not None:
-                run.on_task(instruction.index, instruction.result, instruction.error)
+            if run is not None and run.stream is not None:
+                run.stream.on_task(instruction.index, instruction.result, instruction.error)
         elif isinstance(instruction, Cancel):
             self.telemetry.cancelled(instruction.attempts)
             if (link := self._link(instruction.worker)) is not None:
@@ -397,17 +395,18 @@ class Executor:
     # --- stages ---
 
     def execute(self, stage: StageSpec, live: Callable[[], list[int]],
-                on_task: OnTask | None = None) -> list[Any]:  # fmt: skip
+                stream: TaskStream | None = None) -> list[Any]:  # fmt: skip
         """Run ``stage`` to its barrier; the ``reply`` values in task index order.
 
         ``live``: the current live worker ids (for page invalidation). The program
         is pickled before anything is sent (a :class:`SerializationError` names
         the culprit). A task error, a lost worker or a missing input fails the
         whole stage with that error once the scheduler says so; a
-        ``KeyboardInterrupt`` cancels the stage and propagates. With ``on_task``, the stage
-        streams (futures): ``on_task(index, result, error)`` as each task ends (on the
-        events' thread: it must not wait; :meth:`value_of` gives the result's value), a
-        task's error ends that task alone, and the values returned are ``None``.
+        ``KeyboardInterrupt`` cancels the stage and propagates. With ``stream``, the stage
+        streams (futures): ``stream.on_task(index, result, error)`` as each task ends (on
+        the events' thread: it must not wait; :meth:`value_of` gives the result's value),
+        a task's error ends that task alone, ``stream.cancel`` ends one task (stopping it),
+        and the values returned are ``None``.
         """
         program = shipping.pack_program(stage.program, self._min_ref_bytes())
         if stage.epoch is not None and (stage.epoch < self._trimmed_floor or stage.epoch <= self._released):
@@ -430,10 +429,10 @@ class Executor:
                 self._trim_versions(epoch, barrier_sent=bool(pages), live=live)
                 stage_id = next(self._stage_ids)
                 run = _StageRun(program, epoch if stage.epoch is None else stage.epoch,
-                                concurrent.futures.Future(), stage.name, stage.recompute, on_task)  # fmt: skip
+                                concurrent.futures.Future(), stage.name, stage.recompute, stream)  # fmt: skip
                 self._stages[stage_id] = run
                 key = fusion.program_key(stage)
-                size = 1 if on_task else self.fusion.chunk(key, len(stage.tasks), self._linked_workers)
+                size = 1 if stream else self.fusion.chunk(key, len(stage.tasks), self._linked_workers)
                 if size > 1:
                     run.chunks = fusion.chunks(len(stage.tasks), size)
                     reply = stage.tasks[0].reply
@@ -445,7 +444,7 @@ class Executor:
                 # the same program over the same tasks (a rerun after a failure): the tasks'
                 # losses carry over, so that one which kills its workers is found out
                 identity = (hash(program), len(tasks), size)
-                self._post(lambda s: self._submit(s, stage_id, tasks, run.future, identity, on_task is not None))
+                self._post(lambda s: self._submit(s, stage_id, tasks, run.future, identity, stream))
                 try:
                     results = self._wait(stage_id, run)
                 except BaseException:
@@ -460,8 +459,8 @@ class Executor:
         self.fusion.learn(key, [r.duration for r in results], counts)
         self.last_read_sets = [r.read_set for r, c in zip(results, counts) for _ in range(c)]
         self.last_epoch = run.epoch
-        if on_task is not None:
-            values = [None] * len(results)  # each went to on_task's caller already
+        if stream is not None:
+            values = [None] * len(results)  # each went to the stream's caller already
         elif run.chunks:
             values = [v for r, c in zip(results, counts) for v in (self.value_of(r) or [None] * c)]
         else:
@@ -484,13 +483,20 @@ class Executor:
         ]
 
     def _submit(self, state: SchedulerState, stage_id: int, tasks: list, future, key: Any,
-                streaming: bool) -> list:  # fmt: skip
+                stream: TaskStream | None) -> list:  # fmt: skip
         try:
-            return state.stage_submitted(stage_id, tasks, now=time.monotonic(), key=key, streaming=streaming)
+            out = state.stage_submitted(stage_id, tasks, now=time.monotonic(), key=key, streaming=stream is not None)
         except Exception as exc:  # noqa: BLE001 - e.g. bad task indices: the caller gets it
             self.telemetry.stage_ended(stage_id, exc)
             future.set_exception(exc)
             return []
+        if stream is not None:  # its tasks cancelled so far, and from now on
+            def stop(index: int, error: BaseException) -> None:
+                self._post(lambda s: s.task_cancelled(stage_id, index, error, now=time.monotonic()))
+
+            for index, error in stream.attach(stop).items():
+                out += state.task_cancelled(stage_id, index, error, now=time.monotonic())
+        return out
 
     def _wait(self, stage_id: int, run: _StageRun) -> list[TaskResult]:
         """The stage's results once it is done; until this thread's deadline

@@ -371,6 +371,21 @@ class SchedulerState:
         state = self._stages.get(stage)
         return [] if state is None else self._refill(self._fail(state, error))
 
+    def task_cancelled(
+        self, stage: int, index: int, error: BaseException, *, now: float | None = None
+    ) -> list[Instruction]:
+        """The caller of a streaming stage gave up on one task (a future cancelled): it
+        ends with ``error`` and its running attempts are stopped; the others go on.
+        ``[]`` if the stage is not active or not streaming, or the task ended already."""
+        self._now = now
+        state = self._stages.get(stage)
+        if state is None or not state.streaming or index in state.results:
+            return []
+        state.settle(index)
+        cancels = self._cancel(state, list(state.copies.get(index, ())), stop=True)
+        state.results[index] = TaskResult(index, DRIVER, 0)
+        return self._refill([TaskEnded(stage, index, error=error), *cancels, *self._done_if_complete(state)])
+
     def partitions_added(
         self, holder: int, sizes: dict[PartitionKey, int], *, now: float | None = None
     ) -> list[Instruction]:

@@ -66,16 +66,41 @@ def test_callbacks_await_and_the_executor(cluster):
     assert not cluster.closed  # the executor's shutdown leaves the cluster open
 
 
-def test_a_call_not_started_can_be_cancelled_a_running_one_cannot(cluster):
-    running = cluster.submit(time.sleep, 1.0)
+def _until_running(future: ClusterFuture) -> None:
     deadline = time.monotonic() + 10
-    while not running.running() and time.monotonic() < deadline:
+    while not future.running() and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert future.running()
+
+
+def test_a_call_not_started_is_cancelled_before_it_runs(cluster):
+    running = cluster.submit(time.sleep, 1.0)
+    _until_running(running)
     waiting = cluster.submit(lambda: "never")  # the next stage's: not started yet
     assert waiting.cancel() and waiting.cancelled()
-    assert not running.cancel()
     assert running.result(30) is None
     assert cluster.submit(lambda: "after").result(30) == "after"
+
+
+def test_a_running_call_is_cancelled_and_stopped_on_its_worker_the_others_run_on(cluster):
+    pids = {cluster.run(__import__("os").getpid, worker=w) for w in cluster.workers}
+    endless = cluster.submit(lambda: [time.sleep(0.01) for _ in iter(int, 1)])  # Python: interruptible
+    neighbour = cluster.submit(time.sleep, 1.0)  # the same stage
+    _until_running(endless)
+    seen = threading.Event()
+    endless.add_done_callback(lambda f: f.cancelled() and seen.set())
+    started = time.monotonic()
+    assert endless.cancel() and endless.cancelled() and seen.is_set()
+    with pytest.raises(cf.CancelledError):
+        endless.result(0)
+    assert not endless.cancel() or endless.cancelled()  # asked again: still cancelled
+    assert neighbour.result(30) is None
+    # the interrupted worker is free again at once (not killed: the same processes)
+    assert cluster.submit(lambda: "after").result(30) == "after"
+    assert time.monotonic() - started < 10
+    assert {cluster.run(__import__("os").getpid, worker=w) for w in cluster.workers} == pids
+    done = cluster.submit(lambda: 1)
+    assert done.result(30) == 1 and not done.cancel()  # an ended call cannot be cancelled
 
 
 def test_what_cannot_be_shipped_fails_at_submit():

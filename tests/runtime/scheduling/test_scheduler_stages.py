@@ -325,3 +325,27 @@ def test_a_streaming_stage_tells_each_tasks_end_and_a_task_error_ends_that_task_
     (ended, done) = finish(state, placed[0][1])
     assert isinstance(ended, TaskEnded) and isinstance(done, StageDone)
     assert [r.index for r in done.results] == [0, 1, 2]
+
+
+def test_a_cancelled_task_of_a_streaming_stage_ends_alone_and_its_attempt_is_stopped():
+    """A future cancelled while it runs: its task ends with the caller's error, its
+    attempt gets a stopping Cancel, the other tasks run on; a pending one never launches."""
+    from clamor.runtime.scheduling.scheduler import TaskEnded
+
+    state = SchedulerState(window=1)
+    state.worker_added(0)
+    placed = launched(state.stage_submitted(1, tasks(3), streaming=True))
+    (running,) = placed[0]
+    error = RuntimeError("cancelled")
+    out = state.task_cancelled(1, running.index, error)
+    assert of(out, TaskEnded) == [TaskEnded(1, running.index, error=error)]
+    assert of(out, Cancel) == [Cancel(0, (running.id,), True)]
+    (nxt,) = launched(out)[0]  # the worker is free for the next task
+    assert nxt.index != running.index
+    pending = ({0, 1, 2} - {running.index, nxt.index}).pop()
+    assert of(state.task_cancelled(1, pending, error), TaskEnded) == [TaskEnded(1, pending, error=error)]
+    assert state.task_cancelled(1, pending, error) == []  # ended already
+    assert state.task_finished(0, TaskResult(running.index, 0, running.id)) == []  # late: ignored
+    (ended, done) = finish(state, nxt)
+    assert isinstance(ended, TaskEnded) and isinstance(done, StageDone)
+    assert state.task_cancelled(1, nxt.index, error) == []  # the stage is over
