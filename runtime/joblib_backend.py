@@ -17,6 +17,7 @@ in: no copy of ``X`` per task, as joblib's own memmapping does for loky. Registe
 from __future__ import annotations
 
 import importlib.util
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +60,7 @@ def _backend_class() -> type:
             super().__init__(nesting_level=nesting_level, **kwargs)
             self.cluster = cluster
             self._shared: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id -> (original, arena copy)
+            self._futures: weakref.WeakSet = weakref.WeakSet()  # submitted, for abort_everything
 
         def _cluster(self) -> Any:
             if self.cluster is not None:
@@ -87,6 +89,7 @@ def _backend_class() -> type:
                 func.items[i] = (fn, tuple(self._share(a) for a in args),
                                  {k: self._share(v) for k, v in kwargs.items()})  # fmt: skip
             future = self._cluster().submit(func)
+            self._futures.add(future)
             future.get = future.result  # the AsyncResult face joblib may use
             if callback is not None:
                 future.add_done_callback(callback)
@@ -114,6 +117,10 @@ def _backend_class() -> type:
             return SequentialBackend(nesting_level=self.nesting_level + 1), None
 
         def abort_everything(self, ensure_ready: bool = True) -> None:
-            """joblib gave up (an error): the batches not started yet are cancelled."""
+            """joblib gave up (a batch failed): the other batches are cancelled, the
+            running ones interrupted on their workers."""
+            for future in list(self._futures):
+                future.cancel()
+            self._futures.clear()
 
     return ClamorBackend

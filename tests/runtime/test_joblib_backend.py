@@ -7,6 +7,7 @@ the arena's (one copy, mapped by the workers), not pickled into every batch.
 from __future__ import annotations
 
 import os
+import time
 
 import joblib
 import numpy as np
@@ -30,6 +31,16 @@ DRIVER_PID = os.getpid()
 def fails(i: int) -> int:
     if i == 3:
         raise KeyError("three")
+    return i
+
+
+def fails_or_spins(i: int) -> int:
+    """Call 0 fails at once; the others would run a minute (in Python: interruptible)."""
+    if i == 0:
+        raise KeyError("zero")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
     return i
 
 
@@ -66,3 +77,10 @@ def test_an_error_in_a_call_is_raised_by_parallel(cluster):
         joblib.Parallel(n_jobs=2)(joblib.delayed(fails)(i) for i in range(6))
     with joblib.parallel_config(backend="clamor"):
         assert joblib.Parallel(n_jobs=2)(joblib.delayed(abs)(-i) for i in range(4)) == [0, 1, 2, 3]
+
+
+def test_a_failed_call_stops_the_others_so_the_cluster_is_free_at_once(cluster):
+    with joblib.parallel_config(backend="clamor"), pytest.raises(KeyError, match="zero"):
+        joblib.Parallel(n_jobs=2, batch_size=1)(joblib.delayed(fails_or_spins)(i) for i in range(4))
+    # the spinning calls were cancelled and interrupted: the next call runs now, not in a minute
+    assert cluster.submit(lambda: "free").result(timeout=15) == "free"
