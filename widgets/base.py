@@ -32,6 +32,7 @@ COLORS = {
     "held": "#0072B2",
     "recomputed": "#E69F00",
     "not computed": "#DDDDDD",
+    "computing": "#56B4E9",
     "driver": "#D55E00",
     "peers": "#009E73",
     "mapped": "#0072B2",

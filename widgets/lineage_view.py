@@ -1,6 +1,7 @@
 """The lineage graph: datasets as columns, their partitions as nodes, coloured by state.
 
 Draws a :class:`~clamor.runtime.data.lineage.LineageGraph`: every live persisted partition
+and the datasets of the last actions, computing while their action runs
 (``snapshot.lineage``, what the dashboard shows), or one dataset's partitions and
 its ancestors' (``LineageView(lambda: ds.lineage())``). Datasets are columns left to
 right in dependency order (a dataset's depth is one more than its deepest parent's),
@@ -34,6 +35,7 @@ STATE_STYLE = {
     "held": (COLORS["held"], "#004466", 1.0, 10),
     "recomputed": (COLORS["recomputed"], "#7A4F00", 3.0, 14),
     "lost": (COLORS["lost"], "#E00000", 3.5, 14),
+    "computing": (COLORS["computing"], "#0072B2", 1.5, 10),
     "not computed": (COLORS["not computed"], "#999999", 1.0, 10),
 }
 NODE_COLUMNS = ("id", "dataset", "name", "index", "state", "persisted", "holder", "holder_label",
@@ -219,6 +221,7 @@ class LineageView(View):
         """Partitions and datasets, how many are lost / recomputed, and what was left out."""
         if not graph.nodes:
             return f"{self.title}: no partition kept yet (persist() a dataset to see its lineage)"
+        kept = "" if any(n.persisted for n in graph.nodes) else ", none kept"
         datasets = len({n.dataset for n in graph.nodes})
         counts = graph.states()
         marks = "".join(f", {s} {counts[s]}" for s in ("lost", "recomputed") if counts.get(s))
@@ -226,7 +229,7 @@ class LineageView(View):
         if edges is not None and edges >= self.max_edges and len(graph.edges) > edges:
             cut += f" and {edges} of {len(graph.edges)} edges"
         plural = "" if datasets == 1 else "s"
-        return f"{self.title}: {len(graph.nodes)} partitions in {datasets} dataset{plural}{marks}{cut}"
+        return f"{self.title}: {len(graph.nodes)} partitions in {datasets} dataset{plural}{kept}{marks}{cut}"
 
     _shown = (0, 0)  # nodes and edges drawn (a large graph is cut)
 

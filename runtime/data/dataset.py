@@ -211,7 +211,7 @@ class Dataset:
     # running tasks stopped (ActionTimeoutError; default: the cluster's ``action_timeout``).
 
     def _act(self, action: str, body: Callable[[plan.Job], Any], timeout: float | None) -> Any:
-        return run_action(self._runner, action, body, timeout)
+        return run_action(self._runner, action, body, timeout, self._node)
 
     def collect(self, timeout: float | None = None) -> Any:
         """All elements in the driver: one array if every partition is an array (concatenated

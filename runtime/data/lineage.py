@@ -30,12 +30,13 @@ The graph of a dataset (:class:`LineageGraph`, built by
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from clamor.runtime.data.ops import RecomputeTask, Redo
@@ -47,6 +48,11 @@ logger = logging.getLogger("clamor.lineage")
 
 #: Partition states in a :class:`LineageGraph`.
 HELD, LOST, RECOMPUTED, NOT_COMPUTED = "held", "lost", "recomputed", "not computed"
+#: Not kept, of a dataset whose action runs now (:func:`live_graph`).
+COMPUTING = "computing"
+#: The live graph also shows the datasets of each runner's last actions, this many, of
+#: at most ACTION_NODES partitions each (persisted or not: a plain ``collect`` keeps none).
+RECENT_ACTIONS, ACTION_NODES = 2, 1000
 
 
 class UnrecoverableError(MissingPartitionError):
@@ -97,6 +103,8 @@ class Record:
 
 
 _records: dict[PartitionKey, Record] = {}
+#: runner -> its last actions, newest last: ``[graph of the action's dataset, running]``.
+_actions: weakref.WeakKeyDictionary[Any, deque[list]] = weakref.WeakKeyDictionary()
 _floor = 0  # epochs at or below this were checkpointed (truncate_lineage), every runner
 _floors: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # per runner
 _floor_cache: tuple[tuple[int, int], int | None] | None = None  # ((generation, runner), oldest)
@@ -117,6 +125,21 @@ def record(key: PartitionKey, run: TaskRun, ops: Sequence[str], dataset: int | N
         run.made.append(key)
     _changed()
     return rec
+
+
+@contextlib.contextmanager
+def acting(runner: StageRunner, graph: Callable[[StageRunner], LineageGraph]) -> Iterator[None]:
+    """While an action runs on ``runner``: ``graph(runner)`` is its dataset's lineage, which
+    :func:`live_graph` draws, as computing, then as one of the last actions."""
+    entry: list = [graph, True]
+    recent = _actions.setdefault(runner, deque(maxlen=RECENT_ACTIONS))
+    recent.append(entry)
+    _changed()
+    try:
+        yield
+    finally:
+        entry[1] = False
+        _changed()
 
 
 def generation() -> int:
@@ -517,8 +540,10 @@ def build_graph(root: Any, runner: StageRunner, persisted: Mapping[int, Any]) ->
 
 def live_graph(runner: StageRunner) -> LineageGraph:
     """The graph of every live dataset partition ``runner`` made (all persisted datasets:
-    what the dashboard draws). Edges link a partition to the dataset partitions its task
-    read, through at most one shuffle (its buckets' producers)."""
+    what the dashboard draws), and of the datasets of its last actions (those kept
+    nothing: their partitions are ``"computing"`` while the action runs, else ``"not
+    computed"``). Edges link a partition to the dataset partitions its task read,
+    through at most one shuffle (its buckets' producers)."""
     live = set(runner.workers)
     recs = [r for r in _records.values() if r.dataset is not None and r.run.ran_on(runner)]
     keys = {r.key for r in recs}
@@ -533,7 +558,26 @@ def live_graph(runner: StageRunner) -> LineageGraph:
             elif (run := rec.run.parents.get(key)) is not None:
                 parents += [k for k in run.inputs if k in keys]
         edges += [(p, rec.key) for p in dict.fromkeys(parents)]
+    for graph, running in _actions.get(runner, ()):
+        nodes, edges = _with_action(nodes, edges, graph, runner, running)
     return LineageGraph(nodes, edges)
+
+
+def _with_action(nodes: list[LineageNode], edges: list, graph: Callable[[StageRunner], LineageGraph],
+                 runner: StageRunner, running: bool) -> tuple[list[LineageNode], list]:  # fmt: skip
+    """``nodes`` and ``edges`` with those of an action's dataset graph added (its
+    partitions not kept are computing while it runs); as they were if it is too large."""
+    try:
+        action = graph(runner)
+    except Exception:  # e.g. a dataset of a closed runner: not drawn
+        logger.debug("the lineage of an action is unavailable", exc_info=True)
+        return nodes, edges
+    if len(action.nodes) > ACTION_NODES:
+        return nodes, edges
+    known = {n.key for n in nodes}
+    added = [dataclasses.replace(n, state=COMPUTING) if running and n.state == NOT_COMPUTED else n
+             for n in action.nodes if n.key not in known]  # fmt: skip
+    return nodes + added, list(dict.fromkeys(edges + action.edges))
 
 
 def _kept_node(rec: Record, dataset: int, name: str, index: int, runner: StageRunner,

@@ -27,6 +27,7 @@ a stage that fails because a worker was lost runs again (up to
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -566,13 +567,15 @@ class Job:
 
 
 def run_action(runner: StageRunner, action: str, body: Callable[[Job], Any],
-               timeout: float | None = None) -> Any:  # fmt: skip
+               timeout: float | None, root: Node) -> Any:  # fmt: skip
     """Run ``body`` in a fresh :class:`Job` (its temporary partitions dropped at the end).
     Partitions lost on the way are recomputed by :meth:`Job.run` from lineage. Its stages
     finish within ``timeout`` seconds (default: the runner's ``action_timeout``) or are
-    cancelled (runtime/deadlines.py)."""
+    cancelled (runtime/deadlines.py). ``root``: the dataset acted on (the live lineage
+    graph shows it while it runs, and after)."""
     seconds = timeout if timeout is not None else getattr(runner, "action_timeout", None)
-    with deadlines.limit(seconds, action), Job(runner, action) as job:
+    graph = functools.partial(lineage_graph, root)  # not the runner: it is the registry's key
+    with deadlines.limit(seconds, action), lineage.acting(runner, graph), Job(runner, action) as job:
         return body(job)
 
 

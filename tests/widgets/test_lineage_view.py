@@ -164,8 +164,6 @@ def test_summary_counts_states_per_dataset():
 def test_to_png_draws_the_graph():
     png = LineageView().to_png(snap(diamond()), height=4.0)
     assert png[:4] == b"\x89PNG" and len(png) > 5000
-    with open("/tmp/tl_lineage_hand.png", "wb") as f:
-        f.write(png)
     empty = LineageView().to_png(snap(LineageGraph([], [])))
     assert empty[:4] == b"\x89PNG"
 
@@ -219,8 +217,6 @@ def test_a_persisted_dataset_and_its_recovery_after_a_kill():
         assert f"#{ds.id}: 8 partitions (held {8 - len(lost)}, recomputed {len(lost)})" in text
         png = view.to_png(cluster.snapshot(), height=3.5)
         assert png[:4] == b"\x89PNG"
-        with open("/tmp/tl_lineage_real.png", "wb") as f:
-            f.write(png)
 
 
 def test_with_nothing_kept_the_title_says_so_and_what_runs():
@@ -241,3 +237,32 @@ def test_with_nothing_kept_the_title_says_so_and_what_runs():
     ended = dataclasses.replace(empty, stage_log=(StageRecord(4, "collect: map", 8, 1, 0.0, 1.0, "ok"),))
     view.update(ended)
     assert view.figure.title.text.endswith(" · last: collect: map")
+
+
+def test_the_datasets_of_a_running_collect_show_as_computing_then_as_not_kept():
+    """A plain collect keeps nothing, yet the dashboard's graph shows its datasets: their
+    partitions computing while it runs, not computed (not kept) once it ended."""
+    import threading
+
+    def slow(x):
+        time.sleep(0.3)
+        return x
+
+    with clamor.Cluster(workers=2) as cluster:
+        ds = cluster.parallelize(list(range(8)), partitions=4).map(slow)
+        view = LineageView()
+        collected: list = []
+        action = threading.Thread(target=lambda: collected.append(ds.collect()))
+        action.start()
+        deadline = time.monotonic() + 20
+        mine: list[dict] = []
+        while time.monotonic() < deadline and not mine:
+            view.update(cluster.snapshot())
+            mine = [r for r in rows(view.nodes_source) if r["dataset"] == ds.id and r["state"] == "computing"]
+            time.sleep(0.02)
+        action.join(30)
+        assert collected == [list(range(8))]
+        assert len(mine) == 4 and "none kept" in view.figure.title.text
+        view.update(cluster.snapshot())
+        states = {r["state"] for r in rows(view.nodes_source) if r["dataset"] == ds.id}
+        assert states == {"not computed"} and len(view.nodes_source.data["id"]) == 8  # with its source

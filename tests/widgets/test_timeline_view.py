@@ -163,8 +163,6 @@ def test_to_png_draws_bars_and_events():
     events = [Event(T0 + 1.9, "worker_lost", "lost", worker=2), Event(T0 + 2.0, "recompute", "r")]
     png = TimelineView().to_png(snap(tasks, events, now=T0 + 3.5, lost=(2,)))
     assert png[:4] == b"\x89PNG" and len(png) > 5000
-    with open("/tmp/tl_timeline_hand.png", "wb") as f:
-        f.write(png)
 
 
 # --- a real cluster ---------------------------------------------------------------------------
