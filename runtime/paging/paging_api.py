@@ -171,7 +171,6 @@ class NullDriverPaging:
 
     def page_stats(self, first: int = 0, count: int | None = None) -> dict:
         """No arena: no pages (empty arrays of the pager's dtypes)."""
-        import numpy as np
 
         wide = ("requests", "driver_bytes", "peer_bytes")
         return {k: np.zeros(0, np.uint64 if k in wide else np.uint32)
