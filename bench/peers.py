@@ -493,7 +493,10 @@ def arguments(description: str, quick_help: str) -> argparse.ArgumentParser:
     """The options every workload script takes."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--quick", action="store_true", help=quick_help)
-    ap.add_argument("--repeat", type=int, default=None, help="repetitions per case")
+    ap.add_argument("--repeat", type=int, default=None, help="timed repetitions per case and pass")
+    ap.add_argument("--passes", type=int, default=None,
+                    help="passes over the systems (A B A B ...), each starting every system afresh "
+                         "with an untimed warm-up; the rows merge every pass's repetitions")  # fmt: skip
     ap.add_argument("--only", default=",".join(SYSTEMS),
                     help=f"comma-separated systems among {','.join(SYSTEMS)}")  # fmt: skip
     ap.add_argument("--timeout", type=float, default=900.0, metavar="SECONDS",

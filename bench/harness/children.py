@@ -38,7 +38,7 @@ ROOT = RUN.parents[1]
 
 __all__ = [
     "BUSY_CORES", "CHILD_MARKER", "ROOT", "RUN", "ChildRun", "Rows", "busy_seconds",
-    "child_main", "machine_load", "marked_processes", "progress", "run_all", "run_child",
+    "child_main", "machine_load", "marked_processes", "merge", "progress", "run_all", "run_child",
     "run_marked", "sweep", "wait_child", "wait_until_idle", "workload_command",
 ]
 
@@ -267,12 +267,41 @@ def run_child(script: Path, system: str, argv: Sequence[str], cases: Sequence[st
 
 def run_all(script: Path, systems: Sequence[str], argv: Sequence[str], cases: Sequence[str],
             timeout: float, wait_idle: float = 0.0,
-            label: Callable[[str], str] | None = None) -> list[dict]:  # fmt: skip
-    """Every system through :func:`run_child`, one after the other; all their rows."""
-    rows: list[dict] = []
-    for system in systems:
-        if wait_idle:
-            wait_until_idle(wait_idle)
-        progress(f"{system}:")
-        rows += run_child(script, system, argv, cases, timeout, label(system) if label else None)
-    return rows
+            label: Callable[[str], str] | None = None, passes: int = 1) -> list[dict]:  # fmt: skip
+    """Every system through :func:`run_child`, one after the other, ``passes`` times
+    (A B C A B C ...: a drift of the machine reaches every system alike); all their
+    rows, each pass's repetitions of a (system, case) merged into one row (:func:`merge`)."""
+    passes_rows: list[list[dict]] = []
+    for number in range(passes):
+        rows: list[dict] = []
+        for system in systems:
+            if wait_idle:
+                wait_until_idle(wait_idle)
+            progress(f"{system}:" + (f" pass {number + 1} of {passes}" if passes > 1 else ""))
+            rows += run_child(script, system, argv, cases, timeout, label(system) if label else None)
+        passes_rows.append(rows)
+    return merge(passes_rows)
+
+
+def merge(passes: Sequence[Sequence[dict]]) -> list[dict]:
+    """One row per (system, case) from the rows of every pass: the repetitions'
+    seconds and every ``*_runs`` list concatenated in pass order, the largest peak,
+    the notes of every pass, ``passes`` the number merged; the other fields the first
+    pass's."""
+    merged: dict[tuple[str, str], dict] = {}
+    for rows in passes:
+        for r in rows:
+            key = (r["system"], r["case"])
+            if key not in merged:
+                merged[key] = {**r, "passes": 1}
+                continue
+            m = merged[key]
+            m["passes"] += 1
+            for field, value in r.items():
+                if field == "seconds" or field.endswith("_runs"):
+                    m[field] = [*(m.get(field) or []), *(value or [])]
+                elif field.startswith("peak_") and value is not None:
+                    m[field] = max(value, m.get(field) or 0)
+                elif field == "note" and value and value not in m["note"].split("; "):
+                    m["note"] = "; ".join(x for x in (m["note"], value) if x)
+    return list(merged.values())

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def machine(**extra: object) -> dict:
-    """Host, CPU, core count, kernel and Python; ``extra`` entries are added as given."""
+    """Host, CPU, core count, memory, kernel and Python; ``extra`` entries are added as given."""
     cpu = platform.processor() or "?"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -29,6 +29,7 @@ def machine(**extra: object) -> dict:
         "nproc": len(os.sched_getaffinity(0)),
         "cpu_count": os.cpu_count(),
         "cpu": cpu,
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "kernel": platform.release(),
         "python": platform.python_version(),
         **extra,
@@ -61,15 +62,31 @@ def git(*args: str) -> str:
         return ""
 
 
+#: Packages whose versions every result names (the peers and what they run on).
+VERSIONED = ("numpy", "ray", "dask", "distributed", "ipyparallel", "joblib", "scikit-learn", "redis",
+             "mpi4py", "pyspark", "grpcio", "cloudpickle")
+
+
 def git_state() -> dict:
-    """The commit measured, and the uncommitted changes to the code it measures."""
+    """The commit measured, and the uncommitted changes in the tree (the results
+    folder aside: a run writes there)."""
     changes = [  # "XY path" lines: the paths
         line.split(maxsplit=1)[-1]
-        for line in git("status", "--porcelain", "--", "runtime", "clamor").splitlines()
+        for line in git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                        ":(exclude)bench/results").splitlines()  # fmt: skip
         if line.strip()
     ]
-    return {
-        "commit": git("rev-parse", "--short", "HEAD") or "?",
-        "runtime_dirty": bool(changes),
-        "runtime_changes": changes,
-    }
+    return {"commit": git("rev-parse", "--short", "HEAD") or "?", "dirty": bool(changes), "changes": changes}
+
+
+def provenance(argv: list[str] | None = None) -> dict:
+    """Where a result comes from: the commit and whether the tree differed from it, the
+    machine, the exact command (``argv``: default this process's) and the versions."""
+    import sys
+
+    args = sys.argv if argv is None else argv
+    script = Path(args[0]).resolve() if args else None
+    if script is not None and script.is_relative_to(ROOT):
+        args = [f"python {script.relative_to(ROOT)}", *args[1:]]
+    return {**git_state(), "machine": machine(), "command": " ".join(args),
+            "versions": {k: v for k, v in package_versions(VERSIONED).items() if v}}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from harness.machine import git, machine
+from harness.machine import provenance
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -49,6 +50,20 @@ def unavailable(system: str, case: str, why: str) -> dict[str, Any]:
 
 def median(seconds: list[float]) -> float | None:
     return statistics.median(seconds) if seconds else None
+
+
+def median_ci(seconds: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free ``level`` interval of the median: the order statistics
+    ``x(j) .. x(n+1-j)`` with the largest ``j`` whose binomial(n, 1/2) tails leave at
+    least ``level``. ``None`` below 6 repetitions (no such ``j``: the report says so)."""
+    xs, n = sorted(seconds), len(seconds)
+    tail, best = 0.0, None
+    for j in range(1, n // 2 + 1):  # P(B <= j - 1), B ~ binomial(n, 1/2)
+        tail += math.comb(n, j - 1) / 2**n
+        if 1 - 2 * tail < level:
+            break
+        best = j
+    return None if best is None else (xs[best - 1], xs[n - best])
 
 
 def spread(seconds: list[float]) -> tuple[float, float] | None:
@@ -96,12 +111,12 @@ def tree_rss(pids: Iterable[int]) -> int:
 
 
 def save(result: dict[str, Any]) -> Path:
-    """Write ``results/<workload>.json`` with the machine and commit added; its path."""
+    """Write ``results/<workload>.json`` with its provenance added (the commit, whether
+    the tree had uncommitted changes, the machine, the command, the versions); its path."""
     result.setdefault("baseline", "clamor")
     result.setdefault("goals", [])
     result.setdefault("plots", [])
-    result["machine"] = machine()
-    result["commit"] = git("rev-parse", "--short", "HEAD")
+    result.update(provenance())
     result["date"] = datetime.datetime.now().isoformat(timespec="seconds")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{result['workload']}.json"

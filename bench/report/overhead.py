@@ -79,8 +79,8 @@ def render(result: dict) -> str:
             f"Python {m['python']}. Packages: {pk}. Command: `{p['command']}` "
             f"(total {result['elapsed_s']:.0f} s), at commit `{result['git']['commit']}`"
             + (
-                " with uncommitted changes in runtime/"
-                if result["git"]["runtime_dirty"]
+                " with uncommitted changes"
+                if result["git"].get("dirty", result["git"].get("runtime_dirty"))
                 else ""
             )
             + f". Load average before / after: {result['loadavg_before']} / "

@@ -72,8 +72,8 @@ def render(result: dict) -> str:
             f"Command: `{p['command']}` (total {result['elapsed_s']:.0f} s), at commit "
             f"`{result['git']['commit']}`"
             + (
-                " with uncommitted changes in runtime/"
-                if result["git"]["runtime_dirty"]
+                " with uncommitted changes"
+                if result["git"].get("dirty", result["git"].get("runtime_dirty"))
                 else ""
             )
             + "."

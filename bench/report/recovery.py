@@ -83,8 +83,8 @@ def render(result: dict) -> str:
             f"{result['elapsed_s']:.0f} s), at commit `{g['commit']}`"
             + (
                 " with uncommitted changes in "
-                + ", ".join(f"`{c}`" for c in g["runtime_changes"])
-                if g["runtime_dirty"]
+                + ", ".join(f"`{c}`" for c in g.get("changes", g.get("runtime_changes", [])))
+                if g.get("dirty", g.get("runtime_dirty"))
                 else ""
             )
             + f". Load average before / after: {result['loadavg_before']} / "
@@ -524,10 +524,10 @@ def render_caveats(result: dict) -> list[str]:
             f"them (the *other load* column; above {BUSY_CORES:g} cores a run is flagged)."
         ),
     ]
-    if result["git"]["runtime_dirty"]:
+    if result["git"].get("dirty", result["git"].get("runtime_dirty")):
         lines.append(
-            "- The runtime had uncommitted changes when this ran (listed in the JSON, "
-            "`git.runtime_changes`): the numbers are for that working tree."
+            "- The tree had uncommitted changes when this ran (listed in the JSON, "
+            "`git.changes`): the numbers are for that working tree."
         )
     if result.get("plots_error"):
         lines.append(f"- No plots: {result['plots_error']}")
