@@ -61,7 +61,9 @@ if TYPE_CHECKING:
 
 SYSTEMS = ("clamor", "dask", "ray", "ipyparallel")
 PEERS = SYSTEMS[1:]
-WORKERS = 2
+#: Workers (engines, nodes' CPUs) of every system: 2, or ``CLAMOR_BENCH_WORKERS`` (the
+#: 16-core runs, bench/device/).
+WORKERS = int(os.environ.get("CLAMOR_BENCH_WORKERS", "2"))
 
 
 # --- the systems ------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
@@ -118,6 +119,9 @@ def save(result: dict[str, Any]) -> Path:
     result.setdefault("plots", [])
     result.update(provenance())
     result["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+    suffix = os.environ.get("CLAMOR_BENCH_SUFFIX", "")  # e.g. "-16cores": a run on another machine
+    if suffix and not result["workload"].endswith(suffix):
+        result["workload"] += suffix
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{result['workload']}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")

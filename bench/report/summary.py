@@ -19,7 +19,11 @@ import json
 import sys
 from typing import Any
 
-from harness.results import RESULTS, median, ratio, spread
+from harness.results import RESULTS, median, median_ci, ratio
+
+#: The README's generated table sits between these lines (``main`` rewrites it).
+README = RESULTS.parents[1] / "README.md"
+README_BEGIN, README_END = "<!-- bench-summary:begin -->", "<!-- bench-summary:end -->"
 
 #: Workloads in the order the report shows them (others follow, alphabetically).
 ORDER = ("lookups", "lookups-network", "replication", "replication-network", "spill", "streaming",
@@ -107,41 +111,75 @@ def _save(fig, result: dict) -> str:
     return name
 
 
+def machine_line(result: dict) -> str:
+    """Where and when a result was measured: date, commit (and whether the tree differed),
+    the machine, the command and the peer versions, as the JSON says (older results
+    lack some of it: shown as such)."""
+    m = result.get("machine", {})
+    p = result.get("params") or {}
+    dirty = result.get("dirty")
+    tree = (" with uncommitted changes" if dirty else "" if dirty is False
+            else " (whether the tree had uncommitted changes was not recorded)")  # fmt: skip
+    memory = f", {m['memory_gib']:g} GiB" if m.get("memory_gib") else ""
+    command = result.get("command") or p.get("command")
+    versions = ", ".join(f"{k} {v}" for k, v in (result.get("versions") or p.get("versions") or {}).items() if v)
+    return (f"Run {result.get('date', '?')} at commit `{result.get('commit') or '?'}`{tree} on "
+            f"`{m.get('hostname', '?')}`: {m.get('nproc', '?')} cores ({m.get('cpu', '?')}){memory}, Linux "
+            f"{m.get('kernel', '?')}, Python {m.get('python', '?')}"
+            + (" — **quick** sizes" if result.get("quick") else "")
+            + (f". Command: `{command}`" if command else ". Command: not recorded")
+            + (f". Versions: {versions}" if versions else "") + ".")
+
+
+def limit_row(result: dict, case: str) -> dict | None:
+    """The case's physical-limit row (``"limit": True``) with repetitions, if any."""
+    return next((r for r in result["rows"] if r["case"] == case and r.get("limit") and r["seconds"]), None)
+
+
+def interval(seconds: list[float]) -> str:
+    ci = median_ci(seconds)
+    if ci is None:
+        return f"— ({len(seconds)} runs)" if seconds else "—"
+    return f"{human_seconds(ci[0])}–{human_seconds(ci[1])}"
+
+
 def section(result: dict) -> list[str]:
     """The Markdown of one workload."""
-    m = result.get("machine", {})
     base = result.get("baseline", "clamor")
     ps = result.get("page_size")
-    lines = [f"## {result.get('title', result['workload'])} (`{result['workload']}`)", ""]
-    lines.append(
-        f"Run {result.get('date', '?')} at commit `{result.get('commit') or '?'}` on "
-        f"`{m.get('hostname', '?')}` (nproc {m.get('nproc', '?')}, {m.get('cpu', '?')}, "
-        f"Linux {m.get('kernel', '?')}, Python {m.get('python', '?')})"
-        + (" — **quick** sizes" if result.get("quick") else "") + ". "
-        + (f"Page size: {human_bytes(ps)}." if ps else "Page size: n/a.")
-    )
+    lines = [f"## {result.get('title', result['workload'])} (`{result['workload']}`)", "",
+             machine_line(result) + " " + (f"Page size: {human_bytes(ps)}." if ps else "")]
     params = result.get("params") or {}
     if params:
         shown = ", ".join(f"{k} = `{json.dumps(v) if not isinstance(v, str) else v}`"
-                          for k, v in params.items() if not (isinstance(v, list) and len(v) > 12))
+                          for k, v in params.items()
+                          if k not in ("command", "versions") and not (isinstance(v, list) and len(v) > 12))
         lines += ["", f"Parameters: {shown}."]
     for case in cases(result):
+        limit = limit_row(result, case)
         lines += ["", f"### {case}", "",
-                  "| system | median | min–max | peer / " + base + " | bytes moved | peak worker RSS | note |",
-                  "|---|---:|---:|---:|---:|---:|---|"]
+                  "| system | median | min | 95 % interval of the median | runs | ÷ limit | peer / " + base
+                  + " | bytes moved | peak worker RSS | note |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in (r for r in result["rows"] if r["case"] == case):
-            med, sp = median(r["seconds"]), spread(r["seconds"])
+            med = median(r["seconds"])
             rt = ratio(result, r["system"], case, base)
             name = f"**{r['system']}**" if r["system"] == base else r["system"]
-            if r.get("correct") is False:
+            if r.get("correct") is False or r.get("checked") is False:
                 name += " (**wrong answer**)"
+            over_limit = (f"{med / median(limit['seconds']):.2f}×" if limit and med is not None
+                          and median(limit["seconds"]) else "—")  # fmt: skip
+            if r.get("limit"):
+                vs_base = "limit"
+            elif r["system"] == base and med is not None:
+                vs_base = "1 (baseline)"
+            else:
+                vs_base = f"**{rt:.2f}×**" if rt is not None else "—"
             lines.append(
-                f"| {name} | {human_seconds(med)} | "
-                + (f"{human_seconds(sp[0])}–{human_seconds(sp[1])}" if sp else "—") + " | "
-                + ("1 (baseline)" if r["system"] == base and med is not None else
-                   f"**{rt:.2f}×**" if rt is not None else "—")
-                + f" | {human_bytes(r.get('bytes_moved'))} | {human_bytes(r.get('peak_worker_rss'))}"
-                + f" | {(r.get('note') or '').replace('|', '/')} |")
+                f"| {name} | {human_seconds(med)} | {human_seconds(min(r['seconds'], default=None))} | "
+                f"{interval(r['seconds'])} | {len(r['seconds'])} | {over_limit} | {vs_base}"
+                f" | {human_bytes(r.get('bytes_moved'))} | {human_bytes(r.get('peak_worker_rss'))}"
+                f" | {(r.get('note') or '').replace('|', '/')} |")
     return lines + _goals_and_plots(result, "Goals:")
 
 
@@ -254,15 +292,8 @@ def dense_plot(result: dict) -> str | None:
 
 def dense_section(result: dict) -> list[str]:
     """The Markdown of the dense workload: per worker count, the systems side by side."""
-    m, p = result.get("machine", {}), result.get("params") or {}
-    lines = [f"## {result.get('title', result['workload'])} (`{result['workload']}`)", ""]
-    versions = ", ".join(f"{k} {v}" for k, v in (p.get("versions") or {}).items() if v)
-    lines.append(
-        f"Run {result.get('date', '?')} at commit `{result.get('commit') or '?'}` on "
-        f"`{m.get('hostname', '?')}`: {m.get('nproc', '?')} cores ({m.get('cpu', '?')}), Linux "
-        f"{m.get('kernel', '?')}, Python {m.get('python', '?')}"
-        + (" — **quick** sizes" if result.get("quick") else "") + f". `{p.get('command', '?')}`"
-        + (f" ({versions})" if versions else "") + ".")
+    p = result.get("params") or {}
+    lines = [f"## {result.get('title', result['workload'])} (`{result['workload']}`)", "", machine_line(result)]
     lines += ["", (f"A {human_bytes(p.get('table_bytes'))} int64 table in pages of "
               f"{human_bytes(result.get('page_size'))}; a task does {p.get('lookups', 0):,} random "
               f"lookups over all of it (100 %) or over 1 % of its pages. First pass: a fresh system, "
@@ -323,6 +354,58 @@ def dense_section(result: dict) -> list[str]:
         result, "Goals (issue 29; the value is peer ÷ clamor, so 1/1.5 = 0.67 means within 1.5×):")
 
 
+def machine_name(result: dict) -> str:
+    m = result.get("machine", {})
+    return f"{m.get('nproc', '?')} cores, {m.get('cpu', '?')}" + (f", {m['memory_gib']:g} GiB" if m.get("memory_gib") else "")
+
+
+def machines_table(results: list[dict]) -> list[str]:
+    """One line per machine the results come from, and which workloads ran there."""
+    by: dict[str, list[str]] = {}
+    for r in results:
+        by.setdefault(f"`{r.get('machine', {}).get('hostname', '?')}`: {machine_name(r)}", []).append(r["workload"])
+    return ["| machine | workloads |", "|---|---|", *(f"| {m} | {', '.join(ws)} |" for m, ws in by.items())]
+
+
+def headline_table(results: list[dict]) -> list[str]:
+    """Per workload and case: Clamor's median, the fastest peer program and peer ÷ Clamor,
+    Clamor ÷ the limit, where and when; every number from the JSON."""
+    lines = ["| workload | case | clamor median | fastest peer: peer ÷ clamor | clamor ÷ limit | runs | machine | date, commit |",
+             "|---|---|---:|---|---:|---:|---|---|"]
+    for result in results:
+        base = result.get("baseline", "clamor")
+        for case in cases(result):
+            mine = next((r for r in result["rows"] if r["case"] == case and r["system"] == base), None)
+            if mine is None or not mine["seconds"]:
+                continue
+            peers = [r for r in result["rows"] if r["case"] == case and r["system"] != base
+                     and not r.get("limit") and r["seconds"] and r.get("checked") is not False]  # fmt: skip
+            best = min(peers, key=lambda r: median(r["seconds"]), default=None)
+            limit = limit_row(result, case)
+            med = median(mine["seconds"])
+            vs = f"{best['system']}: {ratio(result, best['system'], case, base):.2f}×" if best else "—"
+            over = f"{med / median(limit['seconds']):.2f}× ({limit['system'][7:]})" if limit else "—"
+            dirty = "+" if result.get("dirty") else ""
+            lines.append(f"| [{result['workload']}](bench/results/REPORT.md#{result['workload']}) | {case} | "
+                         f"{human_seconds(med)} | {vs} | {over} | {len(mine['seconds'])} | "
+                         f"{machine_name(result)} | {str(result.get('date', '?'))[:10]}, "
+                         f"`{result.get('commit') or '?'}`{dirty} |")
+    return lines
+
+
+def write_readme(table: list[str]) -> None:
+    """Put ``table`` between the README's markers (nothing if they are missing)."""
+    text = README.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        print(f"no {README_BEGIN} ... {README_END} in {README}: its table is not updated", file=sys.stderr)
+        return
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    note = ("<!-- generated by bench/report/summary.py from bench/results/*.json: do not edit by hand; "
+            "a + after the commit: the tree had uncommitted changes -->")
+    README.write_text(head + README_BEGIN + "\n" + note + "\n" + "\n".join(table) + "\n" + README_END + tail)
+
+
 def main() -> None:
     results: dict[str, dict] = {}
     others: list[str] = []
@@ -341,9 +424,14 @@ def main() -> None:
             others.append(md.name)
     order = [w for w in ORDER if w in results] + sorted(w for w in results if w not in ORDER)
     lines = ["# Benchmarks: Clamor vs. the peers", "",
-             ("Ratios are peer / Clamor of the median times (above 1: Clamor is faster). "
-              "Numbers are from one 2-core machine unless a section says nproc 16 (a 16-core machine: `scale`, `driver_scale` and the sections named `-16cores`); min–max shows the spread of the repetitions."),
-             ""]
+             ("Generated by `bench/report/summary.py` from `bench/results/*.json` alone. Ratios are "
+              "peer / Clamor of the median times (above 1: Clamor is faster); *÷ limit* is a "
+              "system's median over the physical limit's (the `limit:` rows: plain numpy, shared "
+              "memory, one plain process) where the workload has one. The interval is a "
+              "distribution-free 95 % interval of the median (none under 6 runs). Each section "
+              "names its machine, date, commit and command; the machines:"), "",
+             *machines_table([results[w] for w in order]), "",
+             "Headlines (also in the README):", "", *headline_table([results[w] for w in order]), ""]
     summary = [(w, g) for w in order for g in results[w].get("goals") or []]
     if summary:
         lines += ["| workload | goal | value | target | met |", "|---|---|---:|---:|---|"]
@@ -360,6 +448,7 @@ def main() -> None:
     if others:
         lines += ["## Other reports", ""] + [f"- [{o}]({o})" for o in others] + [""]
     (RESULTS / "REPORT.md").write_text("\n".join(lines))
+    write_readme(headline_table([results[w] for w in order]))
     print(f"wrote {RESULTS / 'REPORT.md'} ({len(order)} workloads, {len(others)} other reports)",
           file=sys.stderr)
 

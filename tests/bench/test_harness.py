@@ -1,0 +1,70 @@
+"""The benchmark harness's statistics and bookkeeping (bench/harness, bench/report): what
+every number in REPORT.md and the README's table passes through."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from harness.children import merge  # noqa: E402
+from harness.machine import provenance  # noqa: E402
+from harness.results import median_ci  # noqa: E402
+from report import summary  # noqa: E402
+
+
+def test_the_median_interval_is_the_binomial_order_statistics():
+    xs = [float(x) for x in range(10, 0, -1)]  # unsorted on purpose
+    assert median_ci(xs) == (2.0, 9.0)  # n = 10: x(2)..x(9), 97.9 % coverage
+    assert median_ci(xs[:6]) == (5.0, 10.0)  # n = 6: only min..max reaches 95 %
+    assert median_ci([1.0, 2.0, 3.0, 4.0, 5.0]) is None  # too few runs for 95 %
+    assert median_ci([float(x) for x in range(100)]) == (39.0, 60.0)
+
+
+def test_passes_merge_into_one_row_per_system_and_case():
+    one = [{"system": "ray", "case": "1%", "seconds": [1.0], "note": "", "peak_worker_rss": 5, "rss_runs": [5]}]
+    two = [{"system": "ray", "case": "1%", "seconds": [2.0], "note": "slow", "peak_worker_rss": 3, "rss_runs": [3]},
+           {"system": "clamor", "case": "1%", "seconds": [0.5], "note": ""}]
+    rows = merge([one, two])
+    ray = next(r for r in rows if r["system"] == "ray")
+    assert ray["seconds"] == [1.0, 2.0] and ray["rss_runs"] == [5, 3] and ray["peak_worker_rss"] == 5
+    assert ray["passes"] == 2 and ray["note"] == "slow"
+    assert next(r for r in rows if r["system"] == "clamor")["passes"] == 1
+
+
+def test_provenance_names_the_commit_the_machine_and_the_command():
+    p = provenance(["bench/run.py", "lookups", "--quick"])
+    assert p["commit"] != "?" and isinstance(p["dirty"], bool)
+    assert p["machine"]["nproc"] >= 1 and p["machine"]["memory_gib"] > 0
+    assert p["command"].endswith("lookups --quick") and p["versions"]["numpy"]
+
+
+def test_the_readme_table_is_generated_from_the_results(tmp_path, monkeypatch):
+    result = {"workload": "w", "title": "t", "date": "2026-11-26T00:00:00", "commit": "abc", "dirty": True,
+              "machine": {"hostname": "h", "nproc": 16, "cpu": "cpu", "memory_gib": 128.0},
+              "rows": [{"system": "clamor", "case": "c", "seconds": [1.0] * 10},
+                       {"system": "ray", "case": "c", "seconds": [3.0] * 10},
+                       {"system": "dask", "case": "c", "seconds": [2.0] * 10},
+                       {"system": "limit: numpy, one process", "case": "c", "seconds": [0.5] * 10, "limit": True}]}
+    table = summary.headline_table([result])
+    assert "dask: 2.00×" in table[2] and "2.00× (numpy, one process)" in table[2] and "`abc`+" in table[2]
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{summary.README_BEGIN}\nold\n{summary.README_END}\nafter\n")
+    monkeypatch.setattr(summary, "README", readme)
+    summary.write_readme(table)
+    text = readme.read_text()
+    assert "old" not in text and "dask: 2.00×" in text and text.endswith("after\n")
+    md = "\n".join(summary.section(result))
+    assert "with uncommitted changes" in md and "| 10 | 2.00× |" in md
+    json.dumps(result)  # plain data
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[2] / "bench" / "results").glob("*.json")))
+def test_every_committed_result_is_readable_by_the_report(name):
+    data = json.loads((summary.RESULTS / name).read_text())
+    if summary.is_common(data):
+        summary.section(data) if not summary.is_dense(data) else summary.dense_section(data)
