@@ -11,10 +11,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from harness.children import merge  # noqa: E402
-from harness.machine import provenance  # noqa: E402
-from harness.results import median_ci  # noqa: E402
-from report import summary  # noqa: E402
+from harness.children import merge
+from harness.machine import provenance
+from harness.results import median_ci
+from report import summary
 
 
 def test_the_median_interval_is_the_binomial_order_statistics():
