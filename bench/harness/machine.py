@@ -84,9 +84,11 @@ def provenance(argv: list[str] | None = None) -> dict:
     machine, the exact command (``argv``: default this process's) and the versions."""
     import sys
 
-    args = sys.argv if argv is None else argv
+    args = list(sys.argv if argv is None else argv)
     script = Path(args[0]).resolve() if args else None
-    if script is not None and script.is_relative_to(ROOT):
+    if script is not None and script.parent == ROOT / "bench" / "workloads":
+        args = ["python bench/run.py", script.stem, *args[1:]]  # run.py runs it in place (runpy)
+    elif script is not None and script.is_relative_to(ROOT):
         args = [f"python {script.relative_to(ROOT)}", *args[1:]]
     return {**git_state(), "machine": machine(), "command": " ".join(args),
             "versions": {k: v for k, v in package_versions(VERSIONED).items() if v}}
