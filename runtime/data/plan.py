@@ -566,6 +566,12 @@ class Job:
         return list(groups.values())
 
 
+def _graph_while_alive(root: weakref.ref, runner: StageRunner) -> LineageGraph:
+    """The lineage graph of the plan node ``root`` refers to; empty once it is gone."""
+    node = root()
+    return LineageGraph([], []) if node is None else lineage_graph(node, runner)
+
+
 def run_action(runner: StageRunner, action: str, body: Callable[[Job], Any],
                timeout: float | None, root: Node) -> Any:  # fmt: skip
     """Run ``body`` in a fresh :class:`Job` (its temporary partitions dropped at the end).
@@ -574,7 +580,7 @@ def run_action(runner: StageRunner, action: str, body: Callable[[Job], Any],
     cancelled (runtime/deadlines.py). ``root``: the dataset acted on (the live lineage
     graph shows it while it runs, and after)."""
     seconds = timeout if timeout is not None else getattr(runner, "action_timeout", None)
-    graph = functools.partial(lineage_graph, root)  # not the runner: it is the registry's key
+    graph = functools.partial(_graph_while_alive, weakref.ref(root))  # neither keeps anything alive
     with deadlines.limit(seconds, action), lineage.acting(runner, graph), Job(runner, action) as job:
         return body(job)
 
