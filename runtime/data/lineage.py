@@ -540,9 +540,9 @@ def build_graph(root: Any, runner: StageRunner, persisted: Mapping[int, Any]) ->
 
 def live_graph(runner: StageRunner) -> LineageGraph:
     """The graph of every live dataset partition ``runner`` made (all persisted datasets:
-    what the dashboard draws), and of the datasets of its last actions (those kept
-    nothing: their partitions are ``"computing"`` while the action runs, else ``"not
-    computed"``). Edges link a partition to the dataset partitions its task read,
+    what the dashboard draws), and of the datasets of its last actions: while one runs
+    its partitions not kept are ``"computing"``; once it ended, an action on a dataset
+    that keeps nothing stays drawn, ``"not computed"``. Edges link a partition to the dataset partitions its task read,
     through at most one shuffle (its buckets' producers)."""
     live = set(runner.workers)
     recs = [r for r in _records.values() if r.dataset is not None and r.run.ran_on(runner)]
@@ -566,14 +566,15 @@ def live_graph(runner: StageRunner) -> LineageGraph:
 def _with_action(nodes: list[LineageNode], edges: list, graph: Callable[[StageRunner], LineageGraph],
                  runner: StageRunner, running: bool) -> tuple[list[LineageNode], list]:  # fmt: skip
     """``nodes`` and ``edges`` with those of an action's dataset graph added (its
-    partitions not kept are computing while it runs); as they were if it is too large."""
+    partitions not kept are computing while it runs); as they were if it is too large
+    or ended on a persisted dataset (its records show it)."""
     try:
         action = graph(runner)
     except Exception:  # e.g. a dataset of a closed runner: not drawn
         logger.debug("the lineage of an action is unavailable", exc_info=True)
         return nodes, edges
-    if len(action.nodes) > ACTION_NODES:
-        return nodes, edges
+    if len(action.nodes) > ACTION_NODES or (not running and action.nodes and action.nodes[-1].persisted):
+        return nodes, edges  # too large, or ended on a persisted dataset: its records show it
     known = {n.key for n in nodes}
     added = [dataclasses.replace(n, state=COMPUTING) if running and n.state == NOT_COMPUTED else n
              for n in action.nodes if n.key not in known]  # fmt: skip
