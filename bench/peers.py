@@ -1,27 +1,50 @@
 """The systems a broadcast-table workload compares, behind one small interface, and the
 parent/child plumbing the workload scripts share (``lookups.py``, ``streaming.py``).
 
-Every system runs 2 workers (local ones by default) and offers the same four operations on a driver-side
-numpy table, so a workload is written once:
+Every system runs ``WORKERS`` workers (2, local ones by default) and offers the same
+operations on a driver-side numpy table, so a workload is written once:
 
 ====================  =================================  ===============================
 system                ``broadcast(table)``               a task ``fn(table, *args)``
 ====================  =================================  ===============================
 clamor                nothing: the table is in the       ``cluster.run_stage`` (tasks
-                      arena, tasks ship a reference      placed round-robin); workers
-                      and workers demand-page it         fault in the pages they touch
+                      arena (``make_table``), tasks      placed round-robin); workers
+                      ship a reference and workers       fault in the pages they touch
+                      demand-page it
 dask                  ``client.scatter(table,            ``client.submit(fn, future,
                       broadcast=True, hash=False)``      ...)``
-ray                   ``ray.put(table)``                 ``f.remote(ref, ...)``
-ipyparallel           ``rc[:].push({'table': table})``   ``view.apply_async(fn,
-                                                         Reference('table'), ...)``
+ray                   ``ray.put(table)``; the object     ``f.remote(ref, ...)``
+                      store sized for the data
+                      (:func:`ray_store_bytes`)
+ipyparallel           ``rc[:].push({name: table})``,     ``view.apply_async(fn,
+                      a fresh name per broadcast         Reference(name), ...)``
+numpy (a limit)       nothing: one process               every task in turn, in this
+                                                         process
+shm (a limit)         nothing: ``make_table`` puts the   a ``multiprocessing`` pool of
+                      table in a ``SharedMemory`` block  ``WORKERS`` processes (forked
+                                                         before the table exists) that
+                                                         attach the block by name
 ====================  =================================  ===============================
 
-Network mode (``open_session(system, network)``, see ``network.py``): the same four
-operations with each of the 2 workers on its own simulated host (a ``netns.Network``
-built by the child): Clamor through ``NamespaceLauncher``, Dask's scheduler, Ray's head
-(0 CPUs) and ipyparallel's controller on the driver's address and their workers, nodes
-and engines started in the hosts' namespaces (:meth:`Session.start_on_hosts`).
+``run(fn, args)`` runs tasks that take their data by value (no broadcast): the
+"ship keys' values" programs, ``table[keys]`` gathered on the driver and passed to
+``client.submit(fn, values)``, ``f.remote(values)``, ``view.apply_async(fn, values)``
+(Ray and Dask inline such small arguments in the task).
+
+``release(handle, wait=True)`` drops a broadcast and, with ``wait``, returns only when
+the system has freed it: Dask when no worker holds its key any more
+(``client.has_what``); Ray when the driver's core worker no longer counts a reference to
+the object and the object stores hold no more objects than before the first broadcast
+plus one copy per store of each broadcast still alive
+(``ray._private.internal_api.memory_summary``; Ray frees objects in batches, by default
+once a second); ipyparallel when every engine has deleted its name.
+
+Network mode (``open_session(system, network)``, see ``network.py``): the same
+operations with each worker on its own simulated host (a ``netns.Network`` built by the
+child): Clamor through ``NamespaceLauncher``, Dask's scheduler, Ray's head (0 CPUs) and
+ipyparallel's controller on the driver's address and their workers, nodes and engines
+started in the hosts' namespaces (:meth:`Session.start_on_hosts`). The limits run on the
+driver's host whatever the network.
 
 Task functions are passed in by the workload script: defined there, in the child's
 ``__main__``, every system pickles them by value, so no worker needs ``bench/`` on its
@@ -39,6 +62,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,7 +78,7 @@ from harness import CHILD_MARKER, busy_seconds, marked_processes, progress
 from harness import (
     network as netmode,  # the module; `network` is the argument everywhere here
 )
-from harness.results import median, ratio
+from harness.results import median, median_ci, ratio
 
 if TYPE_CHECKING:
     from clamor.testing.netns import Network
@@ -64,6 +88,57 @@ PEERS = SYSTEMS[1:]
 #: Workers (engines, nodes' CPUs) of every system: 2, or ``CLAMOR_BENCH_WORKERS`` (the
 #: 16-core runs, bench/device/).
 WORKERS = int(os.environ.get("CLAMOR_BENCH_WORKERS", "2"))
+#: The peers' second program, child names: the driver gathers ``table[keys]`` and ships
+#: only those values with each task (the knowledge Clamor's tasks have: their keys).
+VALUES = tuple(f"{peer}-values" for peer in PEERS)
+#: The physical limits on this machine: one numpy process; ``WORKERS`` processes over one
+#: ``multiprocessing.shared_memory`` table.
+LIMITS = ("numpy", "shm")
+#: Every child name a broadcast-table workload runs, in the order it runs them.
+PROGRAMS = ("clamor", "ray", "ray-values", "dask", "dask-values", "ipyparallel",
+            "ipyparallel-values", "shm", "numpy")  # fmt: skip
+#: The name each child's rows carry (a limit's starts with "limit: ").
+LABELS = {**{f"{peer}-values": f"{peer} (ship keys' values)" for peer in PEERS},
+          "numpy": "limit: numpy, one process",
+          "shm": f"limit: shared memory, {WORKERS} processes"}  # fmt: skip
+#: Room an object store keeps beside the copies of the data it must hold.
+STORE_HEADROOM = 256 << 20
+
+
+def label(system: str) -> str:
+    """The row name of child ``system`` (``ray-values`` -> ``ray (ship keys' values)``)."""
+    return LABELS.get(system, system)
+
+
+def base(system: str) -> str:
+    """The system child ``system`` runs on (``ray-values`` -> ``ray``)."""
+    return system.removesuffix("-values")
+
+
+def ships_values(system: str) -> bool:
+    return system.endswith("-values")
+
+
+def is_limit(system: str) -> bool:
+    return system in LIMITS
+
+
+def family(name: str) -> str:
+    """The peer a row name belongs to (``ray (ship keys' values)`` -> ``ray``)."""
+    return name.split(" (")[0]
+
+
+def ray_store_bytes(data_bytes: int, stores: int = 1) -> int:
+    """Ray's ``object_store_memory`` for data of ``data_bytes``: two copies (a re-put
+    overlaps the release of the last copy) and :data:`STORE_HEADROOM`, at most the free
+    space of ``/dev/shm`` (where the stores live) shared among the ``stores`` object
+    stores on this machine, less the headroom; raises if one copy would not fit."""
+    shm = os.statvfs("/dev/shm")
+    cap = shm.f_bavail * shm.f_frsize // stores - STORE_HEADROOM
+    if cap < data_bytes + STORE_HEADROOM:
+        raise RuntimeError(f"/dev/shm has room for {fmt_bytes(cap)} per object store, the "
+                           f"data needs {fmt_bytes(data_bytes + STORE_HEADROOM)}")  # fmt: skip
+    return int(min(2 * data_bytes + STORE_HEADROOM, cap))
 
 
 # --- the systems ------------------------------------------------------------------------
@@ -76,16 +151,30 @@ class Session:
     #: Copies of the table a broadcast makes, per host (bytes moved = nbytes x this).
     copies = WORKERS
 
+    def make_table(self, n: int) -> np.ndarray:
+        """``n`` int64 values ``7 i + 3`` where this system's program keeps its table (the
+        driver's heap; Clamor: the arena; shared memory: a block)."""
+        return make_table(n, arena=False)
+
     def broadcast(self, table: np.ndarray) -> Any:
         """Make ``table`` available to the tasks; a handle the tasks take as ``table``."""
         raise NotImplementedError
 
     def release(self, handle: Any, wait: bool = True) -> None:
-        """Drop a broadcast table from the workers (``wait``: until they have). The caller
-        drops its own reference to ``handle`` too (Ray frees an object with its last one)."""
+        """Drop a broadcast table from the workers; with ``wait``, return once the system
+        has freed it (raises if it has not within a minute)."""
 
     def map(self, fn: Callable, handle: Any, args: Sequence[tuple]) -> list:
         """Run ``fn(table, *a)`` for every ``a`` in ``args``, one task each; the results."""
+        raise NotImplementedError
+
+    def run(self, fn: Callable, args: Sequence[tuple]) -> list:
+        """Run ``fn(*a)`` for every ``a`` in ``args``, one task each, the arguments shipped
+        with the task; the results."""
+        raise NotImplementedError
+
+    def restart(self) -> None:
+        """A fresh system (new worker processes, nothing cached); the table stays."""
         raise NotImplementedError
 
     def moved(self) -> int | None:
@@ -182,16 +271,20 @@ class ClamorSession(Session):
         self.cluster.close()
         self.cluster = self._start()
 
+    def make_table(self, n: int) -> np.ndarray:
+        return make_table(n, arena=True)
+
     def broadcast(self, table: np.ndarray) -> np.ndarray:
         if not self.clamor.in_arena(table):
             raise ValueError("the clamor table must be an arena array (clamor.array)")
         return table  # nothing moves: tasks ship a reference, workers fault pages in
 
     def map(self, fn: Callable, handle: Any, args: Sequence[tuple]) -> list:
+        return self.run(fn, [(handle, *a) for a in args])
+
+    def run(self, fn: Callable, args: Sequence[tuple]) -> list:
         ids = self.cluster.workers
-        return self.cluster.run_stage(
-            [(ids[i % len(ids)], fn, (handle, *a)) for i, a in enumerate(args)]
-        )
+        return self.cluster.run_stage([(ids[i % len(ids)], fn, a) for i, a in enumerate(args)])
 
     def counters(self) -> dict[str, int]:
         s = self.cluster.stats()
@@ -215,6 +308,7 @@ class DaskSession(Session):
     def __init__(self, network: Network | None = None) -> None:
         from dask.distributed import Client, LocalCluster
 
+        self.network = network
         self.cluster = self.client = None
         try:
             if network is None:
@@ -247,15 +341,21 @@ class DaskSession(Session):
         handle.release()
         if not wait:
             return
-        deadline = time.monotonic() + 30  # wait until the workers let go of it
-        while time.monotonic() < deadline and any(
-            key in keys for keys in self.client.has_what().values()
-        ):
+        deadline = time.monotonic() + 60  # wait until the workers let go of it
+        while any(key in keys for keys in self.client.has_what().values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"dask: the workers still hold {key} a minute after its release")
             time.sleep(0.02)
 
     def map(self, fn: Callable, handle: Any, args: Sequence[tuple]) -> list:
-        futures = [self.client.submit(fn, handle, *a, pure=False) for a in args]
-        return self.client.gather(futures)
+        return self.run(fn, [(handle, *a) for a in args])
+
+    def run(self, fn: Callable, args: Sequence[tuple]) -> list:
+        return self.client.gather([self.client.submit(fn, *a, pure=False) for a in args])
+
+    def restart(self) -> None:
+        self.close()
+        self.__init__(self.network)
 
     def close(self) -> None:
         try:
@@ -267,32 +367,49 @@ class DaskSession(Session):
             self.stop_hosts()
 
 
+class RayHandle:
+    """A broadcast on Ray: the ``ObjectRef`` of the table, held here alone so that
+    :meth:`RaySession.release` can drop the last reference and wait for the free."""
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+
 class RaySession(Session):
-    """``ray.init(num_cpus=2)``; tasks ``@ray.remote(num_cpus=1)``. On a network: the
-    head here on the driver's address with 0 CPUs (so no task runs on it), and one
-    ``ray start --address HEAD --node-ip-address HOST --num-cpus 1`` node per host."""
+    """``ray.init(num_cpus=2, object_store_memory=...)``; tasks ``@ray.remote(num_cpus=1)``.
+    On a network: the head here on the driver's address with 0 CPUs (so no task runs on
+    it), and one ``ray start --address HEAD --node-ip-address HOST --num-cpus 1
+    --object-store-memory ...`` node per host. ``object_store_memory``: every store's size
+    (``None``: Ray's default, 30 % of the memory; the workloads pass
+    :func:`ray_store_bytes` of their largest table)."""
 
     system = "ray"
     copies = 1  # one copy in this host's object store, read in place by its workers
 
-    def __init__(self, network: Network | None = None) -> None:
+    def __init__(self, network: Network | None = None, object_store_memory: int | None = None) -> None:
         import ray
 
-        self.ray = ray
+        self.ray, self.network, self.store = ray, network, object_store_memory
         self.remotes: dict[Callable, Any] = {}
         self.gcs = ""
+        self.settled: int | None = None  # the object stores' objects with no broadcast alive
+        self.live = 0  # broadcasts not yet released
+        self.stores = 1 if network is None else len(network.hosts) + 1  # each may hold a copy
+        store = {} if object_store_memory is None else {"object_store_memory": int(object_store_memory)}
         if network is None:  # "local": a new instance, never one found in /tmp/ray
-            ray.init("local", num_cpus=WORKERS, include_dashboard=False, logging_level="ERROR")
+            ray.init("local", num_cpus=WORKERS, include_dashboard=False, logging_level="ERROR", **store)
             return
         try:
             ray.init("local", num_cpus=0, include_dashboard=False, logging_level="ERROR",
-                     _node_ip_address=network.driver_address)  # fmt: skip
+                     _node_ip_address=network.driver_address, **store)  # fmt: skip
             self.gcs = gcs = ray.get_runtime_context().gcs_address
+            node_store = [] if object_store_memory is None else [
+                "--object-store-memory", str(int(object_store_memory))]  # fmt: skip
 
             def node(h: Any) -> list[str]:
                 return [sys.executable, "-m", "ray.scripts.scripts", "start", "--address", gcs,
                         "--node-ip-address", h.address, "--num-cpus", "1", "--block",
-                        "--disable-usage-stats"]  # fmt: skip
+                        "--disable-usage-stats", *node_store]  # fmt: skip
 
             # One node at a time, a second try each: on 2 busy cores a node whose agent
             # starts too slowly takes its raylet down with it (`ray start` exits with 1).
@@ -320,17 +437,53 @@ class RaySession(Session):
             self.close()
             raise
 
-    def broadcast(self, table: np.ndarray) -> Any:
-        return self.ray.put(table)
+    def plasma(self) -> tuple[int, int]:
+        """(MiB used, objects) in the object stores, summed over the nodes."""
+        from ray._private import internal_api
 
-    def release(self, handle: Any, wait: bool = True) -> None:
-        del handle  # with the caller's, the last reference: the object store frees it
+        text = internal_api.memory_summary(stats_only=True)
+        found = re.search(r"Plasma memory usage (\d+) MiB, (\d+) objects", text)
+        if found is None:
+            raise RuntimeError(f"ray: no object store statistics in {text[:200]!r}")
+        return int(found[1]), int(found[2])
 
-    def map(self, fn: Callable, handle: Any, args: Sequence[tuple]) -> list:
+    def broadcast(self, table: np.ndarray) -> RayHandle:
+        if self.settled is None:  # what the stores hold with no broadcast alive (untimed)
+            self.settled = self.plasma()[1]
+        handle = RayHandle(self.ray.put(table))
+        self.live += 1
+        return handle
+
+    def release(self, handle: RayHandle, wait: bool = True) -> None:
+        oid = handle.ref.hex()
+        handle.ref = None  # the last reference: Ray frees the object (in its next batch)
+        self.live -= 1
+        if not wait:
+            return
+        core = self.ray._private.worker.global_worker.core_worker
+        deadline = time.monotonic() + 60
+        while True:  # the driver counts no reference, and the stores hold only live broadcasts
+            counted = {k.decode() if isinstance(k, bytes) else str(k)
+                       for k in core.get_all_reference_counts()}  # fmt: skip
+            if oid not in counted and self.plasma()[1] <= (self.settled or 0) + self.live * self.stores:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ray: object {oid} not freed a minute after its release "
+                                   f"(object store: {self.plasma()})")  # fmt: skip
+            time.sleep(0.02)
+
+    def map(self, fn: Callable, handle: RayHandle, args: Sequence[tuple]) -> list:
+        return self.run(fn, [(handle.ref, *a) for a in args])
+
+    def run(self, fn: Callable, args: Sequence[tuple]) -> list:
         if fn not in self.remotes:
             self.remotes[fn] = self.ray.remote(num_cpus=1)(fn)
         remote = self.remotes[fn]
-        return self.ray.get([remote.remote(handle, *a) for a in args])
+        return self.ray.get([remote.remote(*a) for a in args])
+
+    def restart(self) -> None:
+        self.close()
+        self.__init__(self.network, self.store)
 
     def close(self) -> None:
         try:
@@ -353,7 +506,7 @@ class IpyparallelSession(Session):
     def __init__(self, network: Network | None = None) -> None:
         import ipyparallel as ipp
 
-        self.ipp, self.rc = ipp, None
+        self.ipp, self.rc, self.network, self.count = ipp, None, network, 0
         try:
             if network is None:
                 self.cluster = ipp.Cluster(n=WORKERS, log_level=40)
@@ -375,15 +528,23 @@ class IpyparallelSession(Session):
             raise
 
     def broadcast(self, table: np.ndarray) -> Any:
-        self.dview.push({"table": table}, block=True)
-        return self.ipp.Reference("table")
+        self.count += 1  # a name of its own: a release never drops a later broadcast
+        name = f"clamor_bench_table_{self.count}"
+        self.dview.push({name: table}, block=True)
+        return self.ipp.Reference(name)
 
     def release(self, handle: Any, wait: bool = True) -> None:
-        if wait:  # otherwise the next push replaces it
-            self.dview.execute("table = None", block=True)
+        self.dview.execute(f"del {handle.name}", block=wait)
 
     def map(self, fn: Callable, handle: Any, args: Sequence[tuple]) -> list:
-        return [r.get() for r in [self.view.apply_async(fn, handle, *a) for a in args]]
+        return self.run(fn, [(handle, *a) for a in args])
+
+    def run(self, fn: Callable, args: Sequence[tuple]) -> list:
+        return [r.get() for r in [self.view.apply_async(fn, *a) for a in args]]
+
+    def restart(self) -> None:
+        self.close()
+        self.__init__(self.network)
 
     def close(self) -> None:
         try:
@@ -398,29 +559,157 @@ class IpyparallelSession(Session):
             self.stop_hosts()
 
 
-def open_session(system: str, network: Network | None = None, **clamor_options: Any) -> Session:
-    """Start ``system`` with ``WORKERS`` workers (raises if it cannot): local ones, or with
-    ``network`` (network mode, ``network.py``) one on each of its simulated hosts."""
+class NumpySession(Session):
+    """A limit: one plain numpy process, this one, running every task in turn on the table
+    in its own memory."""
+
+    system = "numpy"
+    copies = 0
+
+    def broadcast(self, table: np.ndarray) -> np.ndarray:
+        return table
+
+    def map(self, fn: Callable, handle: Any, args: Sequence[tuple]) -> list:
+        return [fn(handle, *a) for a in args]
+
+    def run(self, fn: Callable, args: Sequence[tuple]) -> list:
+        return [fn(*a) for a in args]
+
+    def restart(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+#: In a pool process of :class:`SharedMemorySession`: the blocks it attached, by name.
+_ATTACHED: dict[str, tuple[Any, np.ndarray]] = {}
+
+
+def _shm_view(name: str, n: int) -> np.ndarray:
+    from multiprocessing import shared_memory
+
+    if name not in _ATTACHED:
+        block = shared_memory.SharedMemory(name=name)
+        _ATTACHED[name] = (block, np.ndarray((n,), np.int64, buffer=block.buf))
+    return _ATTACHED[name][1]
+
+
+def _shm_task(task: tuple) -> Any:
+    """In a pool process: ``fn(table, *a)`` on the block ``name``, attached once."""
+    fn, name, n, a = task
+    return fn(_shm_view(name, n), *a)
+
+
+def _shm_call(task: tuple) -> Any:
+    fn, a = task
+    return fn(*a)
+
+
+class SharedMemorySession(Session):
+    """A limit: ``WORKERS`` ``multiprocessing`` processes (a pool, forked before any table
+    exists, so they share none of this process's memory) over tables that live in
+    ``multiprocessing.shared_memory`` blocks (:meth:`make_table`); a task attaches its
+    block by name, once per process, and reads it in place. Nothing moves: the driver's
+    writes land in the block itself."""
+
+    system = "shm"
+    copies = 0
+
+    def __init__(self) -> None:
+        import multiprocessing
+        from multiprocessing import resource_tracker, shared_memory
+
+        self.shared_memory = shared_memory
+        self.blocks: list[tuple[Any, np.ndarray]] = []
+        # One resource tracker, this process's, shared by the pool: a pool process with a
+        # tracker of its own would unlink the blocks it attached when it ends.
+        resource_tracker.ensure_running()
+        self.context = multiprocessing.get_context("fork")
+        self.pool = self.context.Pool(WORKERS)
+        
+    def make_table(self, n: int) -> np.ndarray:
+        shm = os.statvfs("/dev/shm")
+        if shm.f_bavail * shm.f_frsize < 8 * n + (64 << 20):
+            raise RuntimeError(f"/dev/shm has {fmt_bytes(shm.f_bavail * shm.f_frsize)} free, "
+                               f"the table needs {fmt_bytes(8 * n)}")  # fmt: skip
+        block = self.shared_memory.SharedMemory(
+            name=f"clamor-bench-{os.getpid()}-{len(self.blocks)}", create=True, size=8 * n)
+        view = np.ndarray((n,), np.int64, buffer=block.buf)
+        fill_table(view)
+        self.blocks.append((block, view))
+        return view
+
+    def broadcast(self, table: np.ndarray) -> tuple[str, int]:
+        for block, view in self.blocks:
+            if view is table:
+                return block.name, len(view)
+        raise ValueError("the shared-memory table must come from make_table")
+
+    def map(self, fn: Callable, handle: tuple[str, int], args: Sequence[tuple]) -> list:
+        name, n = handle
+        return self.pool.map(_shm_task, [(fn, name, n, a) for a in args], chunksize=1)
+
+    def run(self, fn: Callable, args: Sequence[tuple]) -> list:
+        return self.pool.map(_shm_call, [(fn, a) for a in args], chunksize=1)
+
+    def restart(self) -> None:
+        """A fresh pool (the blocks stay): its processes attach each block anew."""
+        self.pool.terminate()
+        self.pool.join()
+        self.pool = self.context.Pool(WORKERS)
+
+    def close(self) -> None:
+        try:
+            with contextlib.suppress(Exception):
+                self.pool.terminate()
+                self.pool.join()
+        finally:
+            for block, _ in self.blocks:
+                block.close()
+                with contextlib.suppress(FileNotFoundError):
+                    block.unlink()
+            self.blocks = []
+
+
+def open_session(system: str, network: Network | None = None, data_bytes: int | None = None,
+                 **clamor_options: Any) -> Session:  # fmt: skip
+    """Start ``system`` (a child name: ``ray-values`` starts ``ray``) with ``WORKERS``
+    workers (raises if it cannot): local ones, or with ``network`` (network mode,
+    ``network.py``) one on each of its simulated hosts; a limit always here, locally.
+    ``data_bytes``: the largest table it will hold (Ray's object stores are sized for it)."""
+    system = base(system)
+    if system == "numpy":
+        return NumpySession()
+    if system == "shm":
+        return SharedMemorySession()
     if network is not None and len(network.hosts) != WORKERS:
         raise ValueError(f"network mode runs one worker per host: {WORKERS} hosts, not "
                          f"{len(network.hosts)}")  # fmt: skip
     if system == "clamor":
         return ClamorSession(network, **clamor_options)
-    sessions = {"dask": DaskSession, "ray": RaySession, "ipyparallel": IpyparallelSession}
+    if system == "ray":
+        stores = 1 if network is None else len(network.hosts) + 1  # the head's, each node's
+        store = None if data_bytes is None else ray_store_bytes(data_bytes, stores)
+        return RaySession(network, object_store_memory=store)
+    sessions = {"dask": DaskSession, "ipyparallel": IpyparallelSession}
     return sessions[system](network)
 
 
-def make_table(n: int, arena: bool, chunk: int = 8 << 20) -> np.ndarray:
+def make_table(n: int, arena: bool) -> np.ndarray:
     """``n`` int64 values ``7 i + 3``, in the clamor arena if ``arena``, filled in chunks
     (no temporary the size of the table). int64, so a sum of looked-up values is exact."""
     if arena:
         import clamor
 
-        table = clamor.empty(n, np.int64)
-    else:
-        table = np.empty(n, np.int64)
-    for a in range(0, n, chunk):
-        b = min(n, a + chunk)
+        return fill_table(clamor.empty(n, np.int64))
+    return fill_table(np.empty(n, np.int64))
+
+
+def fill_table(table: np.ndarray, chunk: int = 8 << 20) -> np.ndarray:
+    """Write ``7 i + 3`` at every ``i`` of the int64 ``table``, ``chunk`` values at a time."""
+    for a in range(0, len(table), chunk):
+        b = min(len(table), a + chunk)
         np.multiply(np.arange(a, b, dtype=np.int64), 7, out=table[a:b])
         table[a:b] += 3
     return table
@@ -491,31 +780,33 @@ class OtherLoad:
 # --- parent and child -------------------------------------------------------------------
 
 
-def arguments(description: str, quick_help: str) -> argparse.ArgumentParser:
-    """The options every workload script takes."""
+def arguments(description: str, quick_help: str,
+              choices: Sequence[str] = SYSTEMS) -> argparse.ArgumentParser:  # fmt: skip
+    """The options every workload script takes; ``choices``: its child names."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--quick", action="store_true", help=quick_help)
     ap.add_argument("--repeat", type=int, default=None, help="timed repetitions per case and pass")
     ap.add_argument("--passes", type=int, default=None,
                     help="passes over the systems (A B A B ...), each starting every system afresh "
                          "with an untimed warm-up; the rows merge every pass's repetitions")  # fmt: skip
-    ap.add_argument("--only", default=",".join(SYSTEMS),
-                    help=f"comma-separated systems among {','.join(SYSTEMS)}")  # fmt: skip
+    ap.add_argument("--only", default=",".join(choices),
+                    help=f"comma-separated systems among {','.join(choices)}")  # fmt: skip
     ap.add_argument("--timeout", type=float, default=900.0, metavar="SECONDS",
                     help="time limit per system, start-up to shut-down")  # fmt: skip
     ap.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
                     help="before each system, wait up to SECONDS for the machine to go quiet")  # fmt: skip
-    ap.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=choices, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     return ap
 
 
-def systems(ap: argparse.ArgumentParser, only: str) -> list[str]:
+def systems(ap: argparse.ArgumentParser, only: str, choices: Sequence[str] = SYSTEMS) -> list[str]:
+    """The systems of ``--only``, in the order of ``choices``; a usage error for others."""
     chosen = [s.strip() for s in only.split(",") if s.strip()]
-    bad = [s for s in chosen if s not in SYSTEMS]
+    bad = [s for s in chosen if s not in choices]
     if bad:
-        ap.error(f"unknown system(s) {', '.join(bad)}; choose among {', '.join(SYSTEMS)}")
-    return chosen
+        ap.error(f"unknown system(s) {', '.join(bad)}; choose among {', '.join(choices)}")
+    return [s for s in choices if s in chosen]
 
 
 # --- the printed table ------------------------------------------------------------------
@@ -531,17 +822,30 @@ def fmt_bytes(n: float | None) -> str:
     return str(n)
 
 
+def limit_row(rows: Sequence[dict], case: str) -> dict | None:
+    """The fastest measured limit row (``"limit": True``) of ``case``."""
+    limits = [r for r in rows if r.get("limit") and r["case"] == case and r["seconds"]]
+    return min(limits, key=lambda r: median(r["seconds"]), default=None)
+
+
 def markdown(result: dict, columns: Sequence[tuple[str, Callable[[dict], str]]] = ()) -> str:
-    """The rows (median, min–max, peer ÷ clamor per case, bytes, RSS, ``columns``) and goals."""
-    head = ["system", "case", "median (s)", "min–max (s)", "÷ clamor", "bytes moved",
-            "peak worker RSS", *(c[0] for c in columns), "note"]  # fmt: skip
+    """The rows (median, its 95 % interval, min–max, peer ÷ clamor and ÷ the fastest limit
+    per case, bytes, RSS, ``columns``) and goals."""
+    head = ["system", "case", "median (s)", "95 % CI (s)", "min–max (s)", "n", "÷ clamor",
+            "÷ limit", "bytes moved", "peak worker RSS", *(c[0] for c in columns), "note"]  # fmt: skip
     lines = [f"## {result['title']}", "", "| " + " | ".join(head) + " |",
              "|" + "---|" * len(head)]  # fmt: skip
     for r in result["rows"]:
         s = r["seconds"]
         q = ratio(result, r["system"], r["case"]) if r["system"] != "clamor" else None
+        lim = limit_row(result["rows"], r["case"])
+        over = (median(s) / median(lim["seconds"])
+                if s and lim and median(s) > 0 and median(lim["seconds"]) > 0 else None)  # fmt: skip
+        ci = median_ci(s) if s else None
         cells = [r["system"], r["case"], f"{median(s):.4g}" if s else "—",
-                 f"{min(s):.4g}–{max(s):.4g}" if s else "—", f"{q:.1f}×" if q else "—",
+                 f"{ci[0]:.4g}–{ci[1]:.4g}" if ci else "—",
+                 f"{min(s):.4g}–{max(s):.4g}" if s else "—", len(s), f"{q:.1f}×" if q else "—",
+                 f"{over:.1f}×" if over else "—",
                  fmt_bytes(r.get("bytes_moved")), fmt_bytes(r.get("peak_worker_rss")),
                  *(f(r) for _, f in columns), r.get("note", "")]  # fmt: skip
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")

@@ -14,7 +14,7 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/suite-16cores-out}
-SUITE=${SUITE:-"overhead:190:--passes,1,--repeat,10,--only,clamor,dask,ray,limit lookups:110:--quick,--passes,1,--repeat,10 logreg:100:--quick,--passes,1,--repeat,10 kdtree:90:--quick,--passes,1,--repeat,10"}
+SUITE=${SUITE:-"overhead:170:--passes,1,--repeat,10,--only,clamor,dask,ray,limit lookups:110:--quick,--passes,1,--repeat,10 logreg:100:--quick,--passes,1,--repeat,10,--only,clamor,ray-ship,ray-actor,dask-ship,limit kdtree:80:--quick,--passes,1,--repeat,10"}
 export CLAMOR_BENCH_WORKERS=${CLAMOR_BENCH_WORKERS:-14}
 export CLAMOR_BENCH_SUFFIX=-16cores
 mkdir -p "$OUT"
