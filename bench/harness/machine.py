@@ -90,5 +90,7 @@ def provenance(argv: list[str] | None = None) -> dict:
         args = ["python bench/run.py", script.stem, *args[1:]]  # run.py runs it in place (runpy)
     elif script is not None and script.is_relative_to(ROOT):
         args = [f"python {script.relative_to(ROOT)}", *args[1:]]
-    return {**git_state(), "machine": machine(), "command": " ".join(args),
+    launched = os.environ.get("CLAMOR_BENCH_TREE_COMMIT")  # a copied tree whose .git lags (bench/device)
+    return {**git_state(), **({"tree_commit": launched} if launched else {}), "machine": machine(),
+            "command": " ".join(args),
             "versions": {k: v for k, v in package_versions(VERSIONED).items() if v}}
