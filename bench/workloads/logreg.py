@@ -85,7 +85,7 @@ import harness
 import numpy as np
 from harness import network, progress
 from harness.results import goal, median_ci, ratio, row, save, tree_rss
-from peers import WORKERS
+from peers import WORKERS, markdown
 
 FIELDS, NUMERIC = 39, 13
 CASE, COLD = "per iteration", "first iteration (cold)"
@@ -735,23 +735,7 @@ def main() -> None:
                                   "the update"}}  # fmt: skip
     result["goals"] = goals(result, args.network)
     path = save(result)
-    limit = {r["case"]: r["median"] for r in rows if r.get("limit") and r["seconds"]}
-    print("| system | case | median s | 95 % interval | min | ÷ clamor | ÷ limit | KiB moved | "
-          "peak worker RSS MiB | note |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        if not r["seconds"]:
-            print(f"| {r['system']} | {r['case']} | — | — | — | — | — | — | — | {r['note']} |")
-            continue
-        ci = "—" if r["ci95"] is None else f"{r['ci95'][0]:.4f}–{r['ci95'][1]:.4f}"
-        ra = ratio(result, r["system"], r["case"])
-        lim = r["median"] / limit[r["case"]] if limit.get(r["case"]) else None
-        print(f"| {r['system']} | {r['case']} | {r['median']:.4f} | {ci} | {r['min']:.4f} | "
-              f"{'' if ra is None else f'{ra:.2f}'} | {'' if lim is None else f'{lim:.1f}'} | "
-              f"{(r['bytes_moved'] or 0) / 2**10:.0f} | {(r['peak_worker_rss'] or 0) / 2**20:.0f} | {r['note']} |")
-    for g in result["goals"]:
-        value = "n/a" if g["value"] is None else f"{g['value']:.2f}"
-        print(f"- {g['goal']}: {value} ({'met' if g['met'] else 'NOT met'}) {g['why']}")
+    print(markdown(result))  # median, its 95 % interval, min-max, ÷ clamor, ÷ the limit
     progress(f"wrote {path}")
 
 
