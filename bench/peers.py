@@ -248,7 +248,7 @@ class Session:
 
 
 class ClamorSession(Session):
-    """``clamor.Cluster(workers=2)``; ``restart()`` gives cold worker caches. On a
+    """``clamor.Cluster(workers=WORKERS)``; ``restart()`` gives cold worker caches. On a
     network: one worker per host (``NamespaceLauncher``), pages over TCP."""
 
     system = "clamor"
@@ -601,6 +601,12 @@ def _shm_task(task: tuple) -> Any:
     return fn(_shm_view(name, n), *a)
 
 
+def _shm_init() -> None:
+    """In a new pool process: SIGTERM ends it quietly (``pool.terminate``), instead of the
+    workload child's handler, inherited through fork, raising ``KeyboardInterrupt``."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _shm_call(task: tuple) -> Any:
     fn, a = task
     return fn(*a)
@@ -626,8 +632,8 @@ class SharedMemorySession(Session):
         # tracker of its own would unlink the blocks it attached when it ends.
         resource_tracker.ensure_running()
         self.context = multiprocessing.get_context("fork")
-        self.pool = self.context.Pool(WORKERS)
-        
+        self.pool = self.context.Pool(WORKERS, initializer=_shm_init)
+
     def make_table(self, n: int) -> np.ndarray:
         shm = os.statvfs("/dev/shm")
         if shm.f_bavail * shm.f_frsize < 8 * n + (64 << 20):
@@ -657,7 +663,7 @@ class SharedMemorySession(Session):
         """A fresh pool (the blocks stay): its processes attach each block anew."""
         self.pool.terminate()
         self.pool.join()
-        self.pool = self.context.Pool(WORKERS)
+        self.pool = self.context.Pool(WORKERS, initializer=_shm_init)
 
     def close(self) -> None:
         try:

@@ -31,7 +31,9 @@ every task in turn in the child.
 Protocol, per child (``--passes`` children per system, interleaved A B C A B C by
 ``harness.run_all``): the table broadcast, an untimed warm-up at full size (the tasks,
 then one whole iteration: update, re-broadcast, tasks, release), then ``I x R``
-rounds (8 x 1 a pass by default; 2 passes), each timed twice:
+rounds (8 x 1 a pass by default; 2 passes), each timed twice, in turns (lookup only
+then iteration in even rounds, iteration then lookup only in odd ones, so that neither
+always runs right after the other):
 
 * **lookup only**: the tasks alone on what the workers have (the values programs gather
   the values and ship them: that is their lookup);
@@ -187,13 +189,18 @@ def measure(system: str, rows, p: dict) -> None:
         check(out, "warm-up iteration")
         load = OtherLoad()
         lookup, iters, writes, moved, mapped, fetched, invalid = [], [], [], [], [], [], []
-        for i, key in enumerate(updates[:-1]):
+
+        def lookup_only(i: int) -> None:
             c0 = clamor_stats() if clamor_stats else None
             t = time.perf_counter()
-            out = tasks(h)
+            tasks(h)
             lookup.append(time.perf_counter() - t)
             if c0 is not None and (n := pages_in(clamor_stats()) - pages_in(c0)):
                 problems.append(f"lookup-only round {i} fetched or mapped {n} pages")
+
+        for i, key in enumerate(updates[:-1]):
+            if i % 2 == 0:  # A B, then B A: neither timing always follows the other
+                lookup_only(i)
             c0 = clamor_stats() if clamor_stats else None
             h, seconds, write, out = iteration(h, key)
             iters.append(seconds)
@@ -212,6 +219,8 @@ def measure(system: str, rows, p: dict) -> None:
                 moved.append(table.nbytes * s.copies)
             else:
                 moved.append(0)
+            if i % 2 == 1:
+                lookup_only(i)
             progress(f"  {name} round {i + 1}/{n_iter}: lookup {lookup[-1]:.4f} s, iteration "
                      f"{iters[-1]:.4f} s, moved {fmt_bytes(moved[-1])}")  # fmt: skip
         cores = load.cores()
