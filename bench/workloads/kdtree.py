@@ -275,20 +275,6 @@ class ClamorRunner(Runner):
             self.cluster.close()
 
 
-class SizedRaySession(RaySession):
-    """``peers.RaySession`` with the local object store sized (``object_store_memory``)."""
-
-    def __init__(self, net: Any, store_bytes: int) -> None:
-        if net is not None:  # network mode: the head and `ray start` nodes as peers.py starts them
-            super().__init__(net)
-            return
-        import ray
-
-        self.ray, self.remotes, self.gcs = ray, {}, ""
-        ray.init("local", num_cpus=WORKERS, include_dashboard=False, logging_level="ERROR",
-                 object_store_memory=store_bytes)  # fmt: skip
-
-
 class RayRunner(Runner):
     name = "ray"
 
@@ -297,7 +283,8 @@ class RayRunner(Runner):
         self.tree, self.size, tree_bytes = _heap_tree(points)
         self.ref = self.tree.query(queries, k=K)
         store = 3 * self.size + (256 << 20)  # the tree, room for results, a release in flight
-        self.session = SizedRaySession(net, store)
+        # network mode: the nodes' stores as peers.py starts them (Ray's default size)
+        self.session = RaySession(net, object_store_memory=None if net is not None else store)
         ray = self.ray = self.session.ray
         self.remote = ray.remote(num_cpus=1)(_query)
         warm = ray.remote(num_cpus=1)(_warm)
