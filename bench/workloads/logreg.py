@@ -207,6 +207,16 @@ def batches(p: dict) -> list[list[tuple[int, int]]]:
     return out
 
 
+def shipments(idx: np.ndarray, w: np.ndarray, parts: list[tuple[int, int]]) -> list[tuple]:
+    """The arguments after ``data`` of each task of a ship program: ``(ids, w[ids], lo,
+    hi)``, the ids its rows touch (what Clamor's tasks prefetch)."""
+    out = []
+    for lo, hi in parts:
+        ids = np.unique(idx[lo:hi])
+        out.append((ids, w[ids], lo, hi))
+    return out
+
+
 def shipped_bytes(idx: np.ndarray, parts: list[tuple[int, int]]) -> int:
     """What shipping ``ids`` and ``w[ids]`` to each task of an iteration sends (16 B an id)."""
     return sum(16 * len(np.unique(idx[lo:hi])) for lo, hi in parts)
@@ -434,11 +444,7 @@ def run_ray(p: dict, net: Any, how: str) -> list[dict]:
         for parts in batches(p):
             t0 = time.perf_counter()
             if how == "ship":
-                refs = []
-                for lo, hi in parts:
-                    ids = np.unique(idx[lo:hi])
-                    refs.append(task.remote(data, ids, w[ids], lo, hi))
-                out = ray.get(refs)
+                out = ray.get([task.remote(data, *args) for args in shipments(idx, w, parts)])
                 drv.update(parts, pieces=out)
             elif how == "broadcast":
                 wref = ray.put(w)
@@ -487,10 +493,7 @@ def run_dask(p: dict, net: Any, how: str) -> list[dict]:
         for parts in batches(p):
             t0 = time.perf_counter()
             if how == "ship":
-                futs = []
-                for lo, hi in parts:
-                    ids = np.unique(idx[lo:hi])
-                    futs.append(client.submit(task_grad, data, ids, w[ids], lo, hi, pure=False))
+                futs = [client.submit(task_grad, data, *args, pure=False) for args in shipments(idx, w, parts)]
             else:
                 wf = client.scatter(w, broadcast=True, hash=False)
                 futs = [client.submit(task_grad, data, None, wf, lo, hi, pure=False) for lo, hi in parts]
@@ -526,10 +529,7 @@ def run_ipyparallel(p: dict, net: Any, how: str) -> list[dict]:
         for parts in batches(p):
             t0 = time.perf_counter()
             if how == "ship":
-                futs = []
-                for lo, hi in parts:
-                    ids = np.unique(idx[lo:hi])
-                    futs.append(view.apply_async(task_grad, data, ids, w[ids], lo, hi))
+                futs = [view.apply_async(task_grad, data, *args) for args in shipments(idx, w, parts)]
             else:
                 dview.push({"w": w}, block=True)
                 futs = [view.apply_async(task_grad, data, None, ipp.Reference("w"), lo, hi) for lo, hi in parts]
