@@ -39,7 +39,7 @@ from clamor.runtime.futures import ClusterExecutor, ClusterFuture, Dispatcher
 from clamor.runtime.launchers.local import Launcher, LocalLauncher
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
-from clamor.runtime.net.shipping import CallTable, pack_task
+from clamor.runtime.net.shipping import CallRunner, pack_calls, pack_task
 from clamor.runtime.net.stream_server import TaskStreamServer
 from clamor.runtime.net.transport import (
     Server,
@@ -392,12 +392,12 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         ``timeout``: as in :meth:`run`.
         """
         self._check_open()
-        payloads, tasks = [], []
-        for i, (worker_id, fn, args, *rest) in enumerate(calls):
-            payloads.append(pack_task(fn, args, rest[0] if rest else None, self.page_size or None))
-            tasks.append(TaskSpec(i, worker=worker_id))
+        packed = pack_calls([(fn, args, rest[0] if rest else None) for _, fn, args, *rest in calls],
+                            self.page_size or None)  # fmt: skip
+        tasks = [TaskSpec(i, worker=call[0], payload=payload)
+                 for i, (call, payload) in enumerate(zip(calls, packed.payloads))]  # fmt: skip
         with self.time_limit(timeout, "run"):
-            return self.execute(StageSpec(CallTable(payloads), tasks, epoch=epoch))
+            return self.execute(StageSpec(CallRunner(packed.shared), tasks, epoch=epoch))
 
     # --- futures ---
 
@@ -418,8 +418,8 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
 
     def _run_futures(self, payloads: list[bytes], workers: list[int | None], stream: TaskStream) -> None:
         """The futures' dispatcher: run their calls as one streaming stage."""
-        tasks = [TaskSpec(i, worker=w) for i, w in enumerate(workers)]
-        self._executor.execute(StageSpec(CallTable(payloads), tasks, name="futures"), lambda: self.workers,
+        tasks = [TaskSpec(i, worker=w, payload=p) for i, (w, p) in enumerate(zip(workers, payloads))]
+        self._executor.execute(StageSpec(CallRunner(), tasks, name="futures"), lambda: self.workers,
                                stream=stream)  # fmt: skip
 
     def time_limit(self, seconds: float | None, action: str = "the action") -> contextlib.AbstractContextManager:

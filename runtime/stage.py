@@ -46,6 +46,9 @@ class TaskSpec:
     byte ranges ``(offset, nbytes)`` it is known to read (e.g. its slice of an arena
     array); the executor fills ``cached`` from the driver's directory (``(worker,
     bytes of them it caches)``) and the scheduler prefers those workers too.
+    ``payload``: the task's own bytes (a :meth:`Cluster.run_stage` call), sent with its
+    assignment only, so that a worker receives the calls it runs, not the whole stage's;
+    the program reads it as ``ctx.payload``.
     """
 
     index: int
@@ -55,6 +58,7 @@ class TaskSpec:
     worker: int | None = None
     reads: tuple[tuple[int, int], ...] = ()
     cached: tuple[tuple[int, int], ...] = ()
+    payload: bytes = b""
 
 
 @dataclasses.dataclass
@@ -85,8 +89,11 @@ class TaskContext:
         inputs: tuple[PartitionKey, ...],
         fetch: Callable[[PartitionKey], Any],
         store: Callable[[PartitionKey, Any], int],
+        payload: bytes = b"",
     ) -> None:
         self.index = index
+        #: The task's own bytes (:attr:`TaskSpec.payload`).
+        self.payload = payload
         self.input_keys = inputs
         self._fetch = fetch
         self._store = store

@@ -72,7 +72,7 @@ class InlineRunner(DatasetSources):
         replies, updates, errors = [], [], []
         for position, task in enumerate(stage.tasks):
             worker = task.worker if task.worker is not None else position % len(self._workers)
-            ctx = TaskContext(task.index, task.inputs, self.fetch, self._storer(worker))
+            ctx = TaskContext(task.index, task.inputs, self.fetch, self._storer(worker), task.payload)
             program = shipping.loads(payload)
             try:
                 value = run_program(program, ctx)

@@ -202,16 +202,79 @@ def _inputs(program: object) -> tuple | None:
     return tuple(values) if all(_frozen(v) for v in values) else None
 
 
-class CallTable:
-    """The program of ``Cluster.run_stage``: task ``i`` runs the ``i``-th call packed by
-    :func:`pack_task`. It lives here rather than with the cluster so that a worker that
-    unpickles it imports none of the driver's modules (scheduler, datasets, launchers)."""
+class PackedCalls(NamedTuple):
+    """A stage's calls, pickled by :func:`pack_calls`."""
 
-    def __init__(self, payloads: list[bytes]) -> None:
-        self.payloads = payloads
+    #: The objects that several calls pass (the function, a model, a tree, a table), once.
+    shared: bytes
+    #: One per call (a task's ``TaskSpec.payload``): the rest, naming the shared by position.
+    payloads: list[bytes]
+
+
+class _CallPickler(_Pickler):
+    """Pickles a call, writing each object of the shared section as its position there."""
+
+    def __init__(self, file: io.BytesIO, min_ref_bytes: int | None, shared: dict[int, int]) -> None:
+        super().__init__(file, min_ref_bytes)
+        self.shared = shared
+
+    def persistent_id(self, obj: Any) -> int | None:
+        return self.shared.get(id(obj))
+
+
+def _sharable(value: object) -> bool:
+    return not isinstance(value, int | float | complex | type(None))  # bool is an int
+
+
+def pack_calls(
+    calls: Sequence[tuple[Callable, tuple, dict | None]], min_ref_bytes: int | None = None
+) -> PackedCalls:
+    """Pickle ``(fn, args, kwargs)`` calls for one stage, or raise the
+    :class:`SerializationError` of :func:`pack_task` naming the culprit.
+
+    The function and the arguments that more than one call passes (the same object) are
+    pickled once, into the shared section; each call's payload names them by position.
+    So 56 queries over one k-d tree ship the tree once, not 56 times. A worker unpickles
+    the shared section afresh for each call (:class:`CallRunner`): every call still gets
+    copies of its own, as if it were pickled alone.
+    """
+    counts: dict[int, int] = {}
+    objects: dict[int, object] = {}
+    for fn, args, kwargs in calls:
+        mine = {id(v): v for v in (fn, *args, *(kwargs or {}).values()) if _sharable(v)}
+        for key, value in mine.items():
+            counts[key] = counts.get(key, 0) + 1
+            objects[key] = value
+    shared = [objects[key] for key, n in counts.items() if n > 1]
+    positions = {id(value): i for i, value in enumerate(shared)}
+    try:
+        shared_data = dumps(tuple(shared), min_ref_bytes) if shared else b""
+        payloads = []
+        for fn, args, kwargs in calls:
+            buf = io.BytesIO()
+            _CallPickler(buf, min_ref_bytes, positions).dump((fn, tuple(args), kwargs or {}))
+            payloads.append(buf.getvalue())
+    except Exception:
+        for fn, args, kwargs in calls:  # raises for the first call that cannot be pickled
+            pack_task(fn, args, kwargs, min_ref_bytes)
+        raise
+    check_payload_size(shared_data + b"".join(payloads), "the stage's calls together")
+    return PackedCalls(shared_data, payloads)
+
+
+class CallRunner:
+    """The program of a stage of packed calls (``Cluster.run_stage``, futures): task ``i``
+    runs the call in its payload (``ctx.payload``) with the shared section's objects. It
+    lives here rather than with the cluster so that a worker that unpickles it imports
+    none of the driver's modules (scheduler, datasets, launchers)."""
+
+    def __init__(self, shared: bytes = b"") -> None:
+        self.shared = shared
 
     def __call__(self, ctx: TaskContext) -> Any:
-        fn, args, kwargs = loads(self.payloads[ctx.index])
+        unpickler = pickle.Unpickler(io.BytesIO(ctx.payload))
+        unpickler.persistent_load = (loads(self.shared) if self.shared else ()).__getitem__
+        fn, args, kwargs = unpickler.load()
         return fn(*args, **kwargs)
 
 

@@ -87,6 +87,8 @@ class _StageRun:
     sent_to: set[int] = dataclasses.field(default_factory=set)
     #: a fused stage's chunks, ``(first index, count)`` per attempt index (empty: not fused)
     chunks: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    #: the tasks' own payloads, by index (empty: none has one)
+    payloads: list[bytes] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,6 +388,7 @@ class Executor:
             output=encode_key(spec.output) if spec.output is not None else b"",
             reply=spec.reply,
             count=count,
+            payloads=run.payloads[index:index + max(count, 1)] if run is not None else (),
         )
 
     def _link(self, worker: int) -> DriverLink | None:
@@ -430,6 +433,8 @@ class Executor:
                 stage_id = next(self._stage_ids)
                 run = _StageRun(program, epoch if stage.epoch is None else stage.epoch,
                                 concurrent.futures.Future(), stage.name, stage.recompute, stream)  # fmt: skip
+                if any(task.payload for task in stage.tasks):
+                    run.payloads = [task.payload for task in stage.tasks]
                 self._stages[stage_id] = run
                 key = fusion.program_key(stage)
                 size = 1 if stream else self.fusion.chunk(key, len(stage.tasks), self._linked_workers)
@@ -443,7 +448,7 @@ class Executor:
                                              stage.recompute)  # fmt: skip
                 # the same program over the same tasks (a rerun after a failure): the tasks'
                 # losses carry over, so that one which kills its workers is found out
-                identity = (hash(program), len(tasks), size)
+                identity = (hash((program, *run.payloads)), len(tasks), size)
                 self._post(lambda s: self._submit(s, stage_id, tasks, run.future, identity, stream))
                 try:
                     results = self._wait(stage_id, run)

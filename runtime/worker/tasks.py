@@ -320,7 +320,8 @@ class WorkerExecutor:
                 fetched[key] = self._fetch(key, *locations[key])
             return fetched[key]
 
-        ctx = TaskContext(a.index, tuple(locations), fetch, self._store.put)
+        payloads = list(a.payloads)
+        ctx = TaskContext(a.index, tuple(locations), fetch, self._store.put, payloads[0] if payloads else b"")
         contexts = [ctx]  # a fused attempt's: those of the tasks that ran (or raised), in order
         read_set: bytes | None = None
         try:
@@ -332,7 +333,8 @@ class WorkerExecutor:
                     if a.count > 1:  # one read set for all; a task that raises ends it, by its index
                         contexts, values = [], []
                         for index in range(a.index, a.index + a.count):
-                            ctx = TaskContext(index, (), fetch, self._store.put)
+                            ctx = TaskContext(index, (), fetch, self._store.put,
+                                              payloads[index - a.index] if payloads else b"")  # fmt: skip
                             contexts.append(ctx)
                             values.append(run_program(program, ctx))
                         value = values if any(v is not None for v in values) else None

@@ -14,15 +14,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%clamor/runtime/net/proto/clamor.proto\x12\tclamor.v1\"\x1c\n\x0cQueryRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\"\x1a\n\nQueryReply\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\"6\n\x11SpillPeersRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\"=\n\tSpillPeer\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04\x66ree\x18\x03 \x01(\x04\"6\n\x0fSpillPeersReply\x12#\n\x05peers\x18\x01 \x03(\x0b\x32\x14.clamor.v1.SpillPeer\"J\n\rPartitionMove\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06holder\x18\x02 \x01(\x05\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\"Q\n\x0fRegisterRequest\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\nlaunch_key\x18\x04 \x01(\t\"2\n\rRegisterReply\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0e\n\x06\x63onfig\x18\x02 \x01(\x0c\"/\n\x0cReadyRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0c\n\x04info\x18\x02 \x01(\x0c\"\x0c\n\nReadyReply\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\"\x1c\n\x0eHeartbeatReply\x12\n\n\x02ok\x18\x01 \x01(\x08\",\n\x0bPageVersion\x12\x0c\n\x04page\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\",\n\rPartitionInfo\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\"\xbd\x02\n\nTaskReport\x12\x12\n\nattempt_id\x18\x01 \x01(\x04\x12%\n\x06status\x18\x02 \x01(\x0e\x32\x15.clamor.v1.TaskStatus\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\x11\n\tvalue_key\x18\x04 \x01(\x0c\x12)\n\x07outputs\x18\x05 \x03(\x0b\x32\x18.clamor.v1.PartitionInfo\x12\x14\n\x0c\x61\x63\x63umulators\x18\x06 \x01(\x0c\x12\x10\n\x08\x64uration\x18\x08 \x01(\x01\x12\r\n\x05\x65rror\x18\t \x01(\x0c\x12\x11\n\ttraceback\x18\n \x01(\t\x12\x12\n\nerror_type\x18\x0b \x01(\t\x12\x15\n\rerror_message\x18\x0c \x01(\t\x12\r\n\x05index\x18\r \x01(\r\x12\x11\n\tread_runs\x18\x10 \x01(\x0cJ\x04\x08\x07\x10\x08J\x04\x08\x0e\x10\x0fJ\x04\x08\x0f\x10\x10\"s\n\rWorkerMessage\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12&\n\x07reports\x18\x02 \x03(\x0b\x32\x15.clamor.v1.TaskReport\x12\'\n\x05moved\x18\x03 \x03(\x0b\x32\x18.clamor.v1.PartitionMove\"Y\n\rDriverMessage\x12*\n\x08launches\x18\x01 \x03(\x0b\x32\x18.clamor.v1.LaunchRequest\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\x04\x12\x0c\n\x04\x64rop\x18\x03 \x03(\x0c\"\x1f\n\x10PartitionRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"A\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05total\x18\x02 \x01(\x04\x12\x0b\n\x03key\x18\x03 \x01(\x0c\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\"6\n\x10InterruptRequest\x12\x13\n\x0b\x61ttempt_ids\x18\x01 \x03(\x04\x12\r\n\x05grace\x18\x02 \x01(\x01\"!\n\x0eInterruptReply\x12\x0f\n\x07stopped\x18\x01 \x01(\x08\"S\n\rInputLocation\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06holder\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0c\x62ulk_address\x18\x04 \x01(\t\"\x87\x01\n\nAssignment\x12\x12\n\nattempt_id\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12(\n\x06inputs\x18\x03 \x03(\x0b\x32\x18.clamor.v1.InputLocation\x12\x0e\n\x06output\x18\x04 \x01(\x0c\x12\r\n\x05reply\x18\x05 \x01(\x08\x12\r\n\x05\x63ount\x18\x06 \x01(\r\"j\n\rLaunchRequest\x12\x10\n\x08stage_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0f\n\x07program\x18\x03 \x01(\x0c\x12\'\n\x08\x61ttempts\x18\x04 \x03(\x0b\x32\x15.clamor.v1.Assignment\"\x1b\n\x0b\x44ropRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"\x0b\n\tDropReply\"\n\n\x08PutReply\"1\n\x11InvalidateRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05pages\x18\x02 \x03(\x04\"\x11\n\x0fInvalidateReply\"\x0e\n\x0cStatsRequest\"\x1b\n\nStatsReply\x12\r\n\x05stats\x18\x01 \x01(\x0c\"\x11\n\x0fShutdownRequest\"\x0f\n\rShutdownReply*<\n\nTaskStatus\x12\x1b\n\x17TASK_STATUS_UNSPECIFIED\x10\x00\x12\x06\n\x02OK\x10\x01\x12\t\n\x05\x45RROR\x10\x02\x32\x43\n\x08Observer\x12\x37\n\x05Query\x12\x17.clamor.v1.QueryRequest\x1a\x15.clamor.v1.QueryReply2\xd6\x02\n\tScheduler\x12@\n\x08Register\x12\x1a.clamor.v1.RegisterRequest\x1a\x18.clamor.v1.RegisterReply\x12\x37\n\x05Ready\x12\x17.clamor.v1.ReadyRequest\x1a\x15.clamor.v1.ReadyReply\x12\x43\n\tHeartbeat\x12\x1b.clamor.v1.HeartbeatRequest\x1a\x19.clamor.v1.HeartbeatReply\x12\x41\n\x0e\x46\x65tchPartition\x12\x1b.clamor.v1.PartitionRequest\x1a\x10.clamor.v1.Chunk0\x01\x12\x46\n\nSpillPeers\x12\x1c.clamor.v1.SpillPeersRequest\x1a\x1a.clamor.v1.SpillPeersReply2\xca\x03\n\x06Worker\x12\x46\n\nInvalidate\x12\x1c.clamor.v1.InvalidateRequest\x1a\x1a.clamor.v1.InvalidateReply\x12?\n\x0cGetPartition\x12\x1b.clamor.v1.PartitionRequest\x1a\x10.clamor.v1.Chunk0\x01\x12\x37\n\x0cPutPartition\x12\x10.clamor.v1.Chunk\x1a\x13.clamor.v1.PutReply(\x01\x12>\n\x0e\x44ropPartitions\x12\x16.clamor.v1.DropRequest\x1a\x14.clamor.v1.DropReply\x12\x37\n\x05Stats\x12\x17.clamor.v1.StatsRequest\x1a\x15.clamor.v1.StatsReply\x12@\n\x08Shutdown\x12\x1a.clamor.v1.ShutdownRequest\x1a\x18.clamor.v1.ShutdownReply\x12\x43\n\tInterrupt\x12\x1b.clamor.v1.InterruptRequest\x1a\x19.clamor.v1.InterruptReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%clamor/runtime/net/proto/clamor.proto\x12\tclamor.v1\"\x1c\n\x0cQueryRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\"\x1a\n\nQueryReply\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\"6\n\x11SpillPeersRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\"=\n\tSpillPeer\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04\x66ree\x18\x03 \x01(\x04\"6\n\x0fSpillPeersReply\x12#\n\x05peers\x18\x01 \x03(\x0b\x32\x14.clamor.v1.SpillPeer\"J\n\rPartitionMove\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06holder\x18\x02 \x01(\x05\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\"Q\n\x0fRegisterRequest\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\nlaunch_key\x18\x04 \x01(\t\"2\n\rRegisterReply\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0e\n\x06\x63onfig\x18\x02 \x01(\x0c\"/\n\x0cReadyRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0c\n\x04info\x18\x02 \x01(\x0c\"\x0c\n\nReadyReply\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\"\x1c\n\x0eHeartbeatReply\x12\n\n\x02ok\x18\x01 \x01(\x08\",\n\x0bPageVersion\x12\x0c\n\x04page\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\",\n\rPartitionInfo\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\"\xbd\x02\n\nTaskReport\x12\x12\n\nattempt_id\x18\x01 \x01(\x04\x12%\n\x06status\x18\x02 \x01(\x0e\x32\x15.clamor.v1.TaskStatus\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\x11\n\tvalue_key\x18\x04 \x01(\x0c\x12)\n\x07outputs\x18\x05 \x03(\x0b\x32\x18.clamor.v1.PartitionInfo\x12\x14\n\x0c\x61\x63\x63umulators\x18\x06 \x01(\x0c\x12\x10\n\x08\x64uration\x18\x08 \x01(\x01\x12\r\n\x05\x65rror\x18\t \x01(\x0c\x12\x11\n\ttraceback\x18\n \x01(\t\x12\x12\n\nerror_type\x18\x0b \x01(\t\x12\x15\n\rerror_message\x18\x0c \x01(\t\x12\r\n\x05index\x18\r \x01(\r\x12\x11\n\tread_runs\x18\x10 \x01(\x0cJ\x04\x08\x07\x10\x08J\x04\x08\x0e\x10\x0fJ\x04\x08\x0f\x10\x10\"s\n\rWorkerMessage\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12&\n\x07reports\x18\x02 \x03(\x0b\x32\x15.clamor.v1.TaskReport\x12\'\n\x05moved\x18\x03 \x03(\x0b\x32\x18.clamor.v1.PartitionMove\"Y\n\rDriverMessage\x12*\n\x08launches\x18\x01 \x03(\x0b\x32\x18.clamor.v1.LaunchRequest\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\x04\x12\x0c\n\x04\x64rop\x18\x03 \x03(\x0c\"\x1f\n\x10PartitionRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"A\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05total\x18\x02 \x01(\x04\x12\x0b\n\x03key\x18\x03 \x01(\x0c\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\"6\n\x10InterruptRequest\x12\x13\n\x0b\x61ttempt_ids\x18\x01 \x03(\x04\x12\r\n\x05grace\x18\x02 \x01(\x01\"!\n\x0eInterruptReply\x12\x0f\n\x07stopped\x18\x01 \x01(\x08\"S\n\rInputLocation\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06holder\x18\x02 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0c\x62ulk_address\x18\x04 \x01(\t\"\x99\x01\n\nAssignment\x12\x12\n\nattempt_id\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12(\n\x06inputs\x18\x03 \x03(\x0b\x32\x18.clamor.v1.InputLocation\x12\x0e\n\x06output\x18\x04 \x01(\x0c\x12\r\n\x05reply\x18\x05 \x01(\x08\x12\r\n\x05\x63ount\x18\x06 \x01(\r\x12\x10\n\x08payloads\x18\x07 \x03(\x0c\"j\n\rLaunchRequest\x12\x10\n\x08stage_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0f\n\x07program\x18\x03 \x01(\x0c\x12\'\n\x08\x61ttempts\x18\x04 \x03(\x0b\x32\x15.clamor.v1.Assignment\"\x1b\n\x0b\x44ropRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"\x0b\n\tDropReply\"\n\n\x08PutReply\"1\n\x11InvalidateRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05pages\x18\x02 \x03(\x04\"\x11\n\x0fInvalidateReply\"\x0e\n\x0cStatsRequest\"\x1b\n\nStatsReply\x12\r\n\x05stats\x18\x01 \x01(\x0c\"\x11\n\x0fShutdownRequest\"\x0f\n\rShutdownReply*<\n\nTaskStatus\x12\x1b\n\x17TASK_STATUS_UNSPECIFIED\x10\x00\x12\x06\n\x02OK\x10\x01\x12\t\n\x05\x45RROR\x10\x02\x32\x43\n\x08Observer\x12\x37\n\x05Query\x12\x17.clamor.v1.QueryRequest\x1a\x15.clamor.v1.QueryReply2\xd6\x02\n\tScheduler\x12@\n\x08Register\x12\x1a.clamor.v1.RegisterRequest\x1a\x18.clamor.v1.RegisterReply\x12\x37\n\x05Ready\x12\x17.clamor.v1.ReadyRequest\x1a\x15.clamor.v1.ReadyReply\x12\x43\n\tHeartbeat\x12\x1b.clamor.v1.HeartbeatRequest\x1a\x19.clamor.v1.HeartbeatReply\x12\x41\n\x0e\x46\x65tchPartition\x12\x1b.clamor.v1.PartitionRequest\x1a\x10.clamor.v1.Chunk0\x01\x12\x46\n\nSpillPeers\x12\x1c.clamor.v1.SpillPeersRequest\x1a\x1a.clamor.v1.SpillPeersReply2\xca\x03\n\x06Worker\x12\x46\n\nInvalidate\x12\x1c.clamor.v1.InvalidateRequest\x1a\x1a.clamor.v1.InvalidateReply\x12?\n\x0cGetPartition\x12\x1b.clamor.v1.PartitionRequest\x1a\x10.clamor.v1.Chunk0\x01\x12\x37\n\x0cPutPartition\x12\x10.clamor.v1.Chunk\x1a\x13.clamor.v1.PutReply(\x01\x12>\n\x0e\x44ropPartitions\x12\x16.clamor.v1.DropRequest\x1a\x14.clamor.v1.DropReply\x12\x37\n\x05Stats\x12\x17.clamor.v1.StatsRequest\x1a\x15.clamor.v1.StatsReply\x12@\n\x08Shutdown\x12\x1a.clamor.v1.ShutdownRequest\x1a\x18.clamor.v1.ShutdownReply\x12\x43\n\tInterrupt\x12\x1b.clamor.v1.InterruptRequest\x1a\x19.clamor.v1.InterruptReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'clamor.runtime.net.proto.clamor_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_TASKSTATUS']._serialized_start=1975
-  _globals['_TASKSTATUS']._serialized_end=2035
+  _globals['_TASKSTATUS']._serialized_start=1993
+  _globals['_TASKSTATUS']._serialized_end=2053
   _globals['_QUERYREQUEST']._serialized_start=52
   _globals['_QUERYREQUEST']._serialized_end=80
   _globals['_QUERYREPLY']._serialized_start=82
@@ -68,31 +68,31 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_INPUTLOCATION']._serialized_start=1439
   _globals['_INPUTLOCATION']._serialized_end=1522
   _globals['_ASSIGNMENT']._serialized_start=1525
-  _globals['_ASSIGNMENT']._serialized_end=1660
-  _globals['_LAUNCHREQUEST']._serialized_start=1662
-  _globals['_LAUNCHREQUEST']._serialized_end=1768
-  _globals['_DROPREQUEST']._serialized_start=1770
-  _globals['_DROPREQUEST']._serialized_end=1797
-  _globals['_DROPREPLY']._serialized_start=1799
-  _globals['_DROPREPLY']._serialized_end=1810
-  _globals['_PUTREPLY']._serialized_start=1812
-  _globals['_PUTREPLY']._serialized_end=1822
-  _globals['_INVALIDATEREQUEST']._serialized_start=1824
-  _globals['_INVALIDATEREQUEST']._serialized_end=1873
-  _globals['_INVALIDATEREPLY']._serialized_start=1875
-  _globals['_INVALIDATEREPLY']._serialized_end=1892
-  _globals['_STATSREQUEST']._serialized_start=1894
-  _globals['_STATSREQUEST']._serialized_end=1908
-  _globals['_STATSREPLY']._serialized_start=1910
-  _globals['_STATSREPLY']._serialized_end=1937
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1939
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1956
-  _globals['_SHUTDOWNREPLY']._serialized_start=1958
-  _globals['_SHUTDOWNREPLY']._serialized_end=1973
-  _globals['_OBSERVER']._serialized_start=2037
-  _globals['_OBSERVER']._serialized_end=2104
-  _globals['_SCHEDULER']._serialized_start=2107
-  _globals['_SCHEDULER']._serialized_end=2449
-  _globals['_WORKER']._serialized_start=2452
-  _globals['_WORKER']._serialized_end=2910
+  _globals['_ASSIGNMENT']._serialized_end=1678
+  _globals['_LAUNCHREQUEST']._serialized_start=1680
+  _globals['_LAUNCHREQUEST']._serialized_end=1786
+  _globals['_DROPREQUEST']._serialized_start=1788
+  _globals['_DROPREQUEST']._serialized_end=1815
+  _globals['_DROPREPLY']._serialized_start=1817
+  _globals['_DROPREPLY']._serialized_end=1828
+  _globals['_PUTREPLY']._serialized_start=1830
+  _globals['_PUTREPLY']._serialized_end=1840
+  _globals['_INVALIDATEREQUEST']._serialized_start=1842
+  _globals['_INVALIDATEREQUEST']._serialized_end=1891
+  _globals['_INVALIDATEREPLY']._serialized_start=1893
+  _globals['_INVALIDATEREPLY']._serialized_end=1910
+  _globals['_STATSREQUEST']._serialized_start=1912
+  _globals['_STATSREQUEST']._serialized_end=1926
+  _globals['_STATSREPLY']._serialized_start=1928
+  _globals['_STATSREPLY']._serialized_end=1955
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1957
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1974
+  _globals['_SHUTDOWNREPLY']._serialized_start=1976
+  _globals['_SHUTDOWNREPLY']._serialized_end=1991
+  _globals['_OBSERVER']._serialized_start=2055
+  _globals['_OBSERVER']._serialized_end=2122
+  _globals['_SCHEDULER']._serialized_start=2125
+  _globals['_SCHEDULER']._serialized_end=2467
+  _globals['_WORKER']._serialized_start=2470
+  _globals['_WORKER']._serialized_end=2928
 # @@protoc_insertion_point(module_scope)

@@ -123,6 +123,19 @@ def test_run_stage_runs_concurrently_in_order(cluster):
     assert time.monotonic() - start < 1.8
 
 
+def append_and_count(items: list, extra: list) -> tuple[int, bool]:
+    items.append(len(items))
+    return len(items), extra is items
+
+
+def test_run_stage_calls_that_share_an_argument_still_get_copies_of_their_own(cluster):
+    shared, other = [], []
+    calls = [(i % 2, append_and_count, (shared, shared if i % 3 else other)) for i in range(6)]
+    # each call mutates its own copy; an object passed twice is one object within a call
+    assert cluster.run_stage(calls) == [(1, False), (1, True), (1, True), (1, False), (1, True), (1, True)]
+    assert shared == [] and other == []
+
+
 def test_remote_exception_is_reraised_as_same_type(cluster):
     with pytest.raises(CustomError, match="boom") as info:
         cluster.run(fail, "boom", worker=1)

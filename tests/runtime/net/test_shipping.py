@@ -126,3 +126,39 @@ def test_kdtree_queries_on_a_worker_fetch_a_small_fraction_of_the_tree(tree_and_
     total = len(tree_pages(tree, page_size))
     # At 4 MiB the whole tree is 7 pages; a query cannot touch fewer than 2 (data and index).
     assert fetched <= max(0.25 * total, 2), (fetched, total)
+
+
+def test_the_arguments_a_stages_calls_share_are_pickled_once():
+    table = np.arange(100_000, dtype=np.int64)  # 800 KB, not in the arena: by value
+    calls = [(np.take, (table, [i]), None) for i in range(50)]
+    packed = shipping.pack_calls(calls)
+    assert len(packed.payloads) == 50
+    assert table.nbytes < len(packed.shared) < 2 * table.nbytes  # once, with np.take
+    assert max(map(len, packed.payloads)) < 200
+    # a call alone carries everything in its own payload
+    alone = shipping.pack_calls(calls[:1])
+    assert alone.shared == b"" and len(alone.payloads[0]) > table.nbytes
+
+
+def appended(items: list, value: object) -> list:
+    items.append(value)
+    return items
+
+
+def test_a_packed_call_runs_with_fresh_copies_of_the_shared_objects():
+    from clamor.runtime.stage import TaskContext
+
+    shared = ["x"]
+    packed = shipping.pack_calls([(appended, (shared, i), None) for i in range(3)])
+    runner = shipping.loads(shipping.dumps(shipping.CallRunner(packed.shared)))  # as a worker has it
+    results = [runner(TaskContext(i, (), None, None, p)) for i, p in enumerate(packed.payloads)]
+    assert results == [["x", 0], ["x", 1], ["x", 2]] and shared == ["x"]
+
+
+def test_a_call_that_cannot_be_pickled_is_named_among_many():
+    import threading
+
+    lock = threading.Lock()
+    calls = [(abs, (-1,), None), (abs, (-2,), None), (len, (lock,), None)]
+    with pytest.raises(clamor.SerializationError, match="argument 0"):
+        shipping.pack_calls(calls)

@@ -90,6 +90,19 @@ def test_a_tiny_programs_second_stage_runs_in_chunks_with_the_same_results(clust
     assert cluster.execute(stage(index_of, 4000, reply=False)) == [None] * 4000
 
 
+def payload_of(ctx):
+    return ctx.payload
+
+
+def test_each_task_of_a_chunk_gets_its_own_payload(cluster):
+    tasks = [TaskSpec(i, payload=str(i).encode()) for i in range(4000)]
+    want = [str(i).encode() for i in range(4000)]
+    assert cluster.execute(StageSpec(payload_of, tasks)) == want  # measured
+    before = attempts_sent(cluster)
+    assert cluster.execute(StageSpec(payload_of, tasks)) == want  # fused
+    assert attempts_sent(cluster) - before == 63
+
+
 def test_a_task_failing_in_a_chunk_fails_the_stage_and_the_cluster_stays_usable(cluster):
     def fails_at_3000(ctx):
         if ctx.index == 3000:
