@@ -27,6 +27,8 @@ SOURCES = [
     "driver_versions.c",
     "directory.c",
     "write_tracking.c",
+    "worker_base.c",
+    "worker_cache.c",
     "worker_pager.c",
     "worker_read_sets.c",
     "worker_fetch.c",

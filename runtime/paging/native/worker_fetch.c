@@ -13,12 +13,12 @@ static int connect_authenticated(uint32_t ip, int port, int timeout_ms) {
     if (fd < 0) return -1;
     char why[256];
     if (W.tls && cl_tls_connect(W.tls, fd, why, sizeof why)) {
-        cl_log("worker %d: TLS handshake with %u.%u.%u.%u:%d failed: %s", W.id, ip >> 24, (ip >> 16) & 255,
+        cl_log("worker %d: TLS handshake with %u.%u.%u.%u:%d failed: %s", worker_id(), ip >> 24, (ip >> 16) & 255,
                (ip >> 8) & 255, ip & 255, port, why);
         cl_close(fd);
         return -1;
     }
-    if (cl_client_handshake(fd, W.token, W.token_len, (uint32_t)W.id)) {
+    if (cl_client_handshake(fd, W.token, W.token_len, (uint32_t)worker_id())) {
         cl_close(fd);
         return -1;
     }
@@ -54,31 +54,10 @@ void tell_dropped(uint64_t p) {
     if (cl_send_msg(driver(p), &h, NULL)) reset_driver();
 }
 
-static int write_cache(uint64_t p, const uint8_t *src) {
-    for (uint64_t done = 0; done < W.ps;) {
-        ssize_t n = pwrite(W.cache_fd, src + done, W.ps - done, (off_t)(p * W.ps + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
-        done += (uint64_t)n;
-    }
-    return 0;
-}
-
 static int recv_page(int fd, const cl_msg *m, uint64_t p) {
     if (m->type != CL_PAGE || m->page != p || m->length != W.ps) return -1;
     if (cl_recv_all(fd, W.buf, W.ps)) return -1;
-    if (write_cache(p, W.buf)) die(EXIT_PAGE_ERROR, "cannot write the page cache (out of memory?)", p);
-    return 0;
-}
-
-static int copy_from_driver_memfd(uint64_t p) {
-    loff_t in = (loff_t)(p * W.ps), out = in;
-    for (uint64_t left = W.ps; left;) {
-        ssize_t n = copy_file_range(W.shm_fd, &in, W.cache_fd, &out, left, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
-        left -= (uint64_t)n;
-    }
+    if (cache_write(p, W.buf)) die(EXIT_PAGE_ERROR, "cannot write the page cache (out of memory?)", p);
     return 0;
 }
 
@@ -86,7 +65,7 @@ static int fetch_shm(uint64_t p, uint32_t E, uint32_t *v) {
     if (W.shm_fd < 0) return -1;
     uint64_t s1 = atomic_load_explicit(&W.shm_state[p], memory_order_acquire);
     if ((s1 & 1) || (s1 >> 1) == 0 || (s1 >> 1) > E) return -1;
-    if (copy_from_driver_memfd(p)) return -1;
+    if (cache_copy_from(W.shm_fd, p)) return -1;
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&W.shm_state[p], memory_order_relaxed) != s1) return -1;
     *v = (uint32_t)(s1 >> 1);
@@ -96,7 +75,7 @@ static int fetch_shm(uint64_t p, uint32_t E, uint32_t *v) {
 /* The connection to peer `peer` at ip:port (kept between requests, made anew when the
  * peer's address changed); NULL if it is this worker, out of range or unreachable. */
 static int *peer_connection(uint32_t peer, uint32_t ip, uint32_t port) {
-    if (peer >= CL_MAX_WORKERS || peer == (uint32_t)W.id) return NULL;
+    if (peer >= CL_MAX_WORKERS || peer == (uint32_t)worker_id()) return NULL;
     int *fd = &W.peer_fd[peer];
     if (*fd >= 0 && (W.peer_ip[peer] != ip || W.peer_port[peer] != port)) cl_close(*fd), *fd = -1;
     if (*fd < 0) {
@@ -172,9 +151,9 @@ static void read_ahead(uint64_t p, uint64_t n, uint32_t E) {
     if (W.shm_fd >= 0) {
         for (uint64_t i = 0; i < n; i++) {
             uint32_t v;
-            make_room(p + i);
+            cache_make_room(p + i);
             if (fetch_shm(p + i, E, &v)) return;
-            install(p + i, v, CL_OPEN_ENDED);
+            cache_install(p + i, v, CL_OPEN_ENDED);
             tell_driver(p + i, v, 0);
             ADD(from_shm, 1), ADD(readahead_pages, 1), ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
         }
@@ -201,10 +180,10 @@ void maybe_read_ahead(uint64_t p, uint32_t E) {
     uint64_t max = READAHEAD_BYTES / W.ps;
     if (max < 1) max = 1;
     if (max > CL_MAX_BATCH) max = CL_MAX_BATCH;
-    uint64_t limit = __atomic_load_n(&W.st.cache_limit_pages, __ATOMIC_RELAXED);
+    uint64_t limit = cache_limit();
     if (limit && max > limit / 4) max = limit / 4; /* never evicts what it just fetched */
     uint64_t n = 0;
-    while (n < W.ra_window && n < max && p + 1 + n < W.npages && !W.cver1[p + 1 + n]) n++;
+    while (n < W.ra_window && n < max && p + 1 + n < W.npages && !cache_peek(p + 1 + n)) n++;
     if (!n) return;
     read_ahead(p + 1, n, E);
     W.last_missing = p + n;
@@ -230,13 +209,13 @@ typedef struct {
  * is recorded in the read set and mapped (which wakes the threads faulting on it); read
  * ahead, it is only cached. */
 static int take_page(int fd, const cl_msg *m, uint64_t p, int mode) {
-    make_room(p);
+    cache_make_room(p);
     if (recv_page(fd, m, p)) return -1;
-    install(p, m->epoch, m->aux);
+    cache_install(p, m->epoch, m->aux);
     if (mode == FETCH_READAHEAD) {
         ADD(readahead_pages, 1);
     } else {
-        record(p, m->epoch, m->aux);
+        rs_record(p, m->epoch, m->aux);
         map_cached(p);
         if (mode == FETCH_PREFETCH) ADD(prefetched_pages, 1);
         else ADD(faults, 1), ADD(pipelined_faults, 1);
@@ -366,10 +345,10 @@ uint64_t fetch_missing(const uint64_t *missing, uint64_t m, uint32_t E, int mode
 
 uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
     if (!W.running || !n) return 0;
-    uint32_t E = atomic_load(&W.epoch);
+    uint32_t E = rs_epoch();
     uint64_t *missing = malloc(n * sizeof *missing), m = 0, done = 0;
     if (!missing) return 0;
-    uint64_t limit = __atomic_load_n(&W.st.cache_limit_pages, __ATOMIC_RELAXED);
+    uint64_t limit = cache_limit();
     pthread_mutex_lock(&W.fetch_lock);
     for (uint64_t i = 0; i < n; i++) {
         uint64_t p = pages[i];
@@ -378,9 +357,9 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
         mark_touched(p);
         if (W.zero_copy && map_direct(p, E, 0, 0) == 0) {
             ADD(prefetched_pages, 1), done++;
-        } else if (cached_for(p, E, &v, &hi) == 1) {
-            referenced(p);
-            record(p, v, hi);
+        } else if (cache_for(p, E, &v, &hi) == 1) {
+            cache_referenced(p);
+            rs_record(p, v, hi);
             map_cached(p);
             done++;
         } else if (!limit || m < limit / 2) { /* never more than the cache keeps */
@@ -388,7 +367,7 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
         }
     }
     for (uint64_t i = 0; i < m; i++)
-        if (W.cver1[missing[i]]) evict(missing[i], 0); /* cached, but another version */
+        if (cache_peek(missing[i])) cache_evict(missing[i], 0); /* cached, but another version */
     if (m) done += fetch_missing(missing, m, E, 1);
     pthread_mutex_unlock(&W.fetch_lock);
     free(missing);
@@ -404,7 +383,7 @@ uint64_t clamor_worker_prefetch_pieces(const uint64_t *pieces, uint64_t n) {
     const uint64_t os_page = (uint64_t)sysconf(_SC_PAGESIZE), per = W.ps / os_page;
     uint64_t *whole = malloc(n * sizeof *whole), k = 0, done = 0, last = UINT64_MAX;
     if (!whole) return 0;
-    uint32_t E = atomic_load(&W.epoch);
+    uint32_t E = rs_epoch();
     for (uint64_t i = 0, j; i < n; i = j) {
         uint64_t p = pieces[i] / per;
         for (j = i + 1; j < n && pieces[j] == pieces[j - 1] + 1 && pieces[j] / per == p;) j++;

@@ -45,81 +45,6 @@
 
 worker_state W;
 
-void die(int status, const char *why, uint64_t page) {
-    cl_log("worker %d: %s (page %llu); exiting with status %d", W.id, why,
-           (unsigned long long)page, status);
-    _exit(status);
-}
-
-/* --------------------------------------------------------- cache table -- */
-
-int cached_for(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
-    pthread_mutex_t *m = cl_stripe(&W.stripes, p);
-    pthread_mutex_lock(m);
-    uint32_t v1 = W.cver1[p];
-    *v = v1 - 1;
-    *hi = W.cvalid[p];
-    pthread_mutex_unlock(m);
-    if (!v1) return -1;
-    return (*v <= E && E <= *hi) ? 1 : 0;
-}
-
-void referenced(uint64_t p) { W.refbits[p >> 6] |= 1ull << (p & 63); }
-
-void install(uint64_t p, uint32_t v, uint32_t hi) {
-    pthread_mutex_t *m = cl_stripe(&W.stripes, p);
-    pthread_mutex_lock(m);
-    if (!W.cver1[p]) ADD(cached_pages, 1);
-    W.cver1[p] = v + 1;
-    W.cvalid[p] = hi;
-    pthread_mutex_unlock(m);
-    referenced(p);
-    if (p + 1 > W.clock_end) W.clock_end = p + 1;
-    pending_arrived(); /* peers may be waiting for it (worker_pending.c) */
-}
-
-void tell_dropped(uint64_t p);
-
-/* Drops page p from the cache; with `tell`, the driver's directory too. The
- * table entry goes first (under the stripe lock that answer() reads it under),
- * so a peer asking from then on gets NOT_HELD, never a half-punched page.
- * Returns whether p was cached (only the caller that cleared it counts it). */
-int evict(uint64_t p, int tell) {
-    pthread_mutex_t *m = cl_stripe(&W.stripes, p);
-    pthread_mutex_lock(m);
-    int held = W.cver1[p] != 0;
-    W.cver1[p] = 0;
-    pthread_mutex_unlock(m);
-    if (!held) return 0;
-    __atomic_fetch_sub(&W.st.cached_pages, 1, __ATOMIC_RELAXED);
-    if (tell) tell_dropped(p);
-    fallocate(W.cache_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(p * W.ps), (off_t)W.ps);
-    return 1;
-}
-
-/* Makes room for one more page under the cache limit, never evicting `keep`
- * (the page about to be installed). CLOCK: each step of the hand clears a
- * reference bit set by an earlier fault, skips an uncached page or evicts, so
- * the cost is O(1) amortised per install when the cache is dense in
- * [0, clock_end). Two full sweeps always find a victim unless only `keep` is
- * cached; the step bound only guards against a limit below 2. */
-void make_room(uint64_t keep) {
-    uint64_t limit = __atomic_load_n(&W.st.cache_limit_pages, __ATOMIC_RELAXED);
-    if (!limit) return;
-    for (uint64_t steps = 0; __atomic_load_n(&W.st.cached_pages, __ATOMIC_RELAXED) >= limit;) {
-        if (W.clock_end == 0 || steps++ > 2 * W.clock_end + 2) return;
-        uint64_t p = W.hand;
-        W.hand = p + 1 >= W.clock_end ? 0 : p + 1;
-        if (p == keep || !__atomic_load_n(&W.cver1[p], __ATOMIC_RELAXED)) continue;
-        uint64_t bit = 1ull << (p & 63);
-        if (W.refbits[p >> 6] & bit) {
-            W.refbits[p >> 6] &= ~bit; /* second chance */
-            continue;
-        }
-        if (evict(p, 1)) ADD(evictions, 1);
-    }
-}
-
 /* Maps a cached page into the read-only range and wakes its faulting threads.
  * A page can be found partly mapped (a task-start zap racing a mapping of the
  * same page): UFFDIO_CONTINUE then stops with EEXIST at the first mapped 4 KiB
@@ -158,7 +83,7 @@ static int try_map(uint64_t p, int holes) {
 
 static void map_page(uint64_t p) {
     if (try_map(p, 0) == 0) return;
-    cl_log("worker %d: mapping page %llu failed: %s", W.id, (unsigned long long)p, strerror(errno));
+    cl_log("worker %d: mapping page %llu failed: %s", worker_id(), (unsigned long long)p, strerror(errno));
     struct uffdio_range r = {(uint64_t)(uintptr_t)(W.ro + p * W.ps), W.ps};
     ioctl(W.uffd, UFFDIO_WAKE, &r);
 }
@@ -203,7 +128,7 @@ static uint32_t claim_direct(uint64_t q, uint32_t E) {
 /* Page q, claimed at version v, is recorded and counted: before the mapping wakes the
  * task, which may then end and report at once. */
 static void count_direct(uint64_t q, uint32_t v, int first) {
-    record(q, v, CL_OPEN_ENDED);
+    rs_record(q, v, CL_OPEN_ENDED);
     mark_touched(q);
     if (first) atomic_fetch_add_explicit(&W.maps[q], 1, memory_order_relaxed); /* hotness */
     if (W.mapped_ver1[q] != v + 1) { /* a version mapped for the first time, like a fetch */
@@ -225,7 +150,7 @@ static void count_direct(uint64_t q, uint32_t v, int first) {
 static int map_around(uint64_t p, uint32_t E) {
     uint64_t per, lo, hi, resident = 0;
     block_of(p, &per, &lo, &hi);
-    for (uint64_t q = lo; q < hi; q++) resident += q != p && W.res_ver1[q];
+    for (uint64_t q = lo; q < hi; q++) resident += q != p && rs_resident(q);
     if (resident < (per / 4 > 2 ? per / 4 : 2)) return try_map(p, 1);
     int ok = -1;
     for (uint64_t q = lo, start = lo; q <= hi; q++) {
@@ -267,12 +192,12 @@ int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len) {
         if (!was_private || remap(p, W.shm_fd) == 0) {
             W.private_page[p] = 0;
             const uint64_t os_page = (uint64_t)sysconf(_SC_PAGESIZE);
-            int first = W.readmark[p] != atomic_load(&W.task_seq); /* this task's first touch */
+            int first = !rs_seen_by_task(p); /* this task's first touch */
             count_direct(p, v, first);
             if (len && !was_private) {
                 uint64_t lo = at & ~(os_page - 1), hi = (at + len + os_page - 1) & ~(os_page - 1);
                 mapped = try_map_range(lo, hi, 1) == 0;
-            } else if (at && !W.exact) {
+            } else if (at && !rs_exact()) {
                 mapped = map_around(p, E) == 0;
             } else if (at && first && !was_private && W.ps > os_page
                        && atomic_exchange(&W.last_direct, p + 1) != p) { /* not a scan */
@@ -287,7 +212,7 @@ int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len) {
     }
     pthread_mutex_unlock(&W.map_lock);
     if (!mapped) return -1;
-    if (was_private) evict(p, 1); /* its copy is no longer what the range shows */
+    if (was_private) cache_evict(p, 1); /* its copy is no longer what the range shows */
     return 0;
 }
 
@@ -295,7 +220,7 @@ int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len) {
 void map_cached(uint64_t p) {
     if (W.zero_copy && !W.private_page[p]) {
         pthread_mutex_lock(&W.map_lock);
-        if (remap(p, W.cache_fd))
+        if (remap(p, cache_fd()))
             die(EXIT_PAGE_ERROR, "cannot map a private copy of a page (too many mappings? vm.max_map_count)", p);
         W.private_page[p] = 1;
         pthread_mutex_unlock(&W.map_lock);
@@ -342,9 +267,9 @@ static void map_cached_around(uint64_t p, uint32_t E) {
     block_of(p, &per, &lo, &hi);
     for (uint64_t q = lo, start = lo; q <= hi; q++) {
         uint32_t v, until;
-        if (q < hi && q != p && W.res_ver1[q] != W.cver1[q] && cached_for(q, E, &v, &until) == 1) {
-            referenced(q);
-            record(q, v, until);
+        if (q < hi && q != p && rs_resident(q) != cache_peek(q) && cache_for(q, E, &v, &until) == 1) {
+            cache_referenced(q);
+            rs_record(q, v, until);
             mark_touched(q);
             ADD(faultaround_pages, 1);
             continue;
@@ -365,34 +290,34 @@ void mark_touched(uint64_t p) {
  * the cache. 1: done; 0: it must be fetched (a stale cached version is evicted). */
 static int resolve_locally(uint64_t p, uint64_t flags, uint64_t addr) {
     mark_touched(p);
-    uint32_t E = atomic_load(&W.epoch), v, hi;
+    uint32_t E = rs_epoch(), v, hi;
     if (W.zero_copy && map_direct(p, E, addr, 0) == 0) return 1;
-    int state = cached_for(p, E, &v, &hi);
+    int state = cache_for(p, E, &v, &hi);
     if (state == 1) {
         if (flags & UFFD_PAGEFAULT_FLAG_MINOR) ADD(soft_faults, 1);
-        referenced(p);
-        record(p, v, hi);
-        if (!W.exact && !W.zero_copy) map_cached_around(p, E);
+        cache_referenced(p);
+        rs_record(p, v, hi);
+        if (!rs_exact() && !W.zero_copy) map_cached_around(p, E);
         map_cached(p);
         return 1;
     }
-    if (state == 0) evict(p, 0); /* cached, but a different version than this epoch reads */
+    if (state == 0) cache_evict(p, 0); /* cached, but a different version than this epoch reads */
     return 0;
 }
 
 static void resolve_fault(uint64_t p, uint64_t flags, uint64_t addr) {
     if (resolve_locally(p, flags, addr)) return; /* also: fetched by the batch it came in */
-    uint32_t E = atomic_load(&W.epoch), v, hi;
+    uint32_t E = rs_epoch(), v, hi;
     ADD(faults, 1);
-    make_room(p);
+    cache_make_room(p);
     /* Pending from before the request until installed: the driver may list us as p's
      * holder as soon as it answers, and peers redirected here wait for our copy. */
     pending_mark(&p, 1, 1);
     fetch(p, E, &v, &hi);
-    install(p, v, hi);
+    cache_install(p, v, hi);
     pending_mark(&p, 1, 0);
     ADD(pages_fetched, 1), ADD(bytes_fetched, W.ps);
-    record(p, v, hi);
+    rs_record(p, v, hi);
     map_cached(p);
     if (!W.zero_copy) maybe_read_ahead(p, E);
 }
@@ -416,7 +341,7 @@ static void on_faults(const struct uffd_msg *msgs, int n) {
         uint64_t u = 0;
         for (int i = 0; i < k; i++)
             if (!u || pages[u - 1] != pages[i]) pages[u++] = pages[i];
-        if (u > 1) fetch_missing(pages, u, atomic_load(&W.epoch), 0);
+        if (u > 1) fetch_missing(pages, u, rs_epoch(), 0);
     }
     for (int i = 0; i < k; i++) resolve_fault(need[i], flags[i], addr[i]); /* what the batch left */
     pthread_mutex_unlock(&W.fetch_lock);
@@ -441,28 +366,18 @@ static void *fault_main(void *arg) {
 static void answer(void *ctx, uint32_t client, const cl_msg *req, uint64_t p, int may_redirect,
                    uint8_t *buf, cl_answer *a) {
     (void)ctx, (void)client, (void)may_redirect;
-    pthread_mutex_t *m = cl_stripe(&W.stripes, p);
-    uint32_t v1, hi, E = req->epoch;
+    uint32_t v, hi, E = req->epoch;
     for (int waited = 0;; waited = 1) {
-        pthread_mutex_lock(m);
-        v1 = W.cver1[p], hi = W.cvalid[p];
-        if (v1 && v1 - 1 <= E && E <= hi) break; /* held, stripe lock kept */
-        pthread_mutex_unlock(m);
-        if (waited || !pending_wait(p, E)) {
+        int got = cache_read(p, E, buf, &v, &hi);
+        if (got == 1) break;
+        if (got < 0 || waited || !pending_wait(p, E)) {
             a->kind = CL_ANSWER_ERROR;
             a->error = CL_ERR_NOT_HELD;
             return;
         }
     }
-    ssize_t n = pread(W.cache_fd, buf, W.ps, (off_t)(p * W.ps));
-    pthread_mutex_unlock(m);
-    if (n != (ssize_t)W.ps) {
-        a->kind = CL_ANSWER_ERROR;
-        a->error = CL_ERR_NOT_HELD;
-        return;
-    }
     a->kind = CL_ANSWER_PAGE;
-    a->version = v1 - 1;
+    a->version = v;
     a->valid_until = hi;
 }
 
@@ -489,15 +404,14 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
     if (!arena_size || arena_size % page_size)
         return CL_ERR("arena size %llu is not a multiple of the page size", (unsigned long long)arena_size);
     memset(&W, 0, sizeof W);
-    W.id = worker_id, W.size = arena_size, W.ps = page_size, W.npages = arena_size / page_size;
+    worker_base_reset(worker_id);
+    W.size = arena_size, W.ps = page_size, W.npages = arena_size / page_size;
     W.readahead = readahead, W.drv_fd = -1, W.shm_fd = -1, W.drv_port = driver_port, W.ra_window = 4;
     W.last_missing = UINT64_MAX - 1;
     for (int i = 0; i < CL_MAX_WORKERS; i++) W.peer_fd[i] = -1;
     W.token = malloc(token_len ? token_len : 1);
     memcpy(W.token, token, token_len);
     W.token_len = token_len;
-    cl_stripes_init(&W.stripes);
-    pthread_mutex_init(&W.rs_lock, NULL);
     if (cl_resolve(driver_host, &W.drv_ip)) return CL_ERR("cannot resolve the driver host %s", driver_host);
     if (tls) {
         W.tls = cl_tls_new(tls->ca, tls->ca_len, tls->cert, tls->cert_len, tls->key, tls->key_len, err, errlen);
@@ -536,20 +450,12 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
                 for (uint64_t i = 0; i < cl_zap_words(W.npages); i++) atomic_store(&W.mapped[i], 0);
         }
     }
-    W.cache_fd = memfd_create("clamor-page-cache", MFD_CLOEXEC);
-    if (W.cache_fd < 0 || ftruncate(W.cache_fd, (off_t)arena_size))
-        return CL_ERR("cannot create the page cache: %s", strerror(errno));
-    W.ro = mmap(NULL, arena_size, PROT_READ, MAP_SHARED | MAP_NORESERVE, W.zero_copy ? W.shm_fd : W.cache_fd, 0);
+    if (cache_init(page_size, W.npages, tell_dropped, pending_arrived, err, errlen)) return -1;
+    W.ro = mmap(NULL, arena_size, PROT_READ, MAP_SHARED | MAP_NORESERVE, W.zero_copy ? W.shm_fd : cache_fd(), 0);
     if (W.ro == MAP_FAILED)
         return CL_ERR("cannot reserve %llu bytes for the arena: %s", (unsigned long long)arena_size, strerror(errno));
-    W.cver1 = calloc(W.npages, sizeof *W.cver1);
-    W.cvalid = calloc(W.npages, sizeof *W.cvalid);
-    W.readmark = calloc(W.npages, sizeof *W.readmark);
-    W.res_ver1 = calloc(W.npages, sizeof *W.res_ver1);
-    W.res_hi = CL_OPEN_ENDED;
     W.pending = calloc(W.npages, 1);
-    W.refbits = calloc((W.npages + 63) / 64, sizeof *W.refbits);
-    if (!W.cver1 || !W.cvalid || !W.readmark || !W.res_ver1 || !W.refbits || !W.pending) return CL_ERR("out of memory for the page tables");
+    if (rs_init(W.npages) || !W.pending) return CL_ERR("out of memory for the page tables");
     W.buf = malloc(page_size);
     if (!W.buf) return CL_ERR("out of memory for a page buffer");
     memset(W.buf, 0, page_size); /* warm: received pages never fault here */
@@ -571,8 +477,8 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
     }
     cl_service svc = {
         .page_size = W.ps, .num_pages = W.npages, .answer = answer, .have = NULL,
-        .pages_served = &W.st.pages_served, .bytes_served = &W.st.bytes_served,
-        .auth_failures = &W.st.auth_failures, .bad_requests = &W.st.bad_requests,
+        .pages_served = &worker_stats()->pages_served, .bytes_served = &worker_stats()->bytes_served,
+        .auth_failures = &worker_stats()->auth_failures, .bad_requests = &worker_stats()->bad_requests,
     };
     W.server = cl_server_start(bind_host, 0, token, token_len, W.tls, &svc, err, errlen);
     if (!W.server) return -1;
@@ -583,11 +489,7 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
 void *clamor_worker_base(void) { return W.running ? W.ro : NULL; }
 int clamor_worker_port(void) { return W.running ? cl_server_port(W.server) : -1; }
 
-void clamor_worker_set_cache_limit(uint64_t pages) {
-    __atomic_store_n(&W.st.cache_limit_pages, pages, __ATOMIC_RELAXED);
-}
-
-void clamor_worker_get_stats(clamor_worker_stats *out) { *out = W.st; }
+void clamor_worker_get_stats(clamor_worker_stats *out) { *out = *worker_stats(); }
 
 int clamor_worker_touch(uint64_t offset, uint64_t length) {
     if (!W.running || offset > W.size || length > W.size - offset) return -1;
@@ -596,4 +498,51 @@ int clamor_worker_touch(uint64_t offset, uint64_t length) {
     for (uint64_t p = offset / W.ps; length && p * W.ps < offset + length; p++) sink ^= ro[p * W.ps];
     (void)sink;
     return 0;
+}
+
+/* ----------------------------------------------------- tasks and stages -- */
+
+/* Unmaps the whole range (the cache stays), so that every page faults again: each task
+ * of exact mode, or a task whose epoch the resident pages do not serve. */
+static void unmap_all(void) {
+    uint64_t touched = atomic_load(&W.touched);
+    if (W.zero_copy) pthread_mutex_lock(&W.map_lock);
+    if (touched) madvise(W.ro, touched * W.ps, MADV_DONTNEED);
+    if (W.zero_copy) {
+        for (uint64_t i = 0; i < cl_zap_words(touched); i++) atomic_store(&W.mapped[i], 0);
+        pthread_mutex_unlock(&W.map_lock);
+    }
+    rs_clear_resident();
+    ADD(unmap_all, 1);
+}
+
+/* A task at `epoch` starts. Exact mode unmaps everything, so that the task's first touch
+ * of each page faults and is recorded; resident mode keeps the mappings while they serve
+ * `epoch` (rs_begin_task). */
+void clamor_worker_begin_task(uint32_t epoch) {
+    int keep = rs_begin_task(epoch);
+    atomic_store(&W.last_direct, UINT64_MAX); /* a task's scans are its own */
+    if (!keep) unmap_all();
+}
+
+/* The driver wrote these pages since the last stage: their cached copies and their
+ * mappings in place go (they show the new bytes, under an old version), and they leave
+ * the resident set. Runs between attempts, never during one. */
+void clamor_worker_invalidate(uint32_t epoch, const uint64_t *pages, uint64_t n) {
+    (void)epoch;
+    if (W.zero_copy) pthread_mutex_lock(&W.map_lock);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t p = pages[i], bit = 1ull << (p & 63);
+        if (p >= W.npages) continue;
+        int dropped = 0;
+        if (W.zero_copy && (atomic_load(&W.mapped[p >> 6]) & bit)) {
+            madvise(W.ro + p * W.ps, W.ps, MADV_DONTNEED);
+            atomic_fetch_and(&W.mapped[p >> 6], ~bit);
+            dropped = 1;
+        }
+        if (cache_peek(p)) dropped |= cache_evict(p, 0); /* the driver cleared its holder bits itself */
+        if (!rs_exact()) rs_unrecord(p);
+        if (dropped) ADD(invalidations, 1);
+    }
+    if (W.zero_copy) pthread_mutex_unlock(&W.map_lock);
 }

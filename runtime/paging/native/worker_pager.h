@@ -20,9 +20,10 @@
 #include "clamor.h"
 #include "page_server.h"
 #include "pager_common.h"
+#include "worker_base.h"
+#include "worker_cache.h"
+#include "worker_read_sets.h"
 
-#define EXIT_DRIVER_UNREACHABLE CLAMOR_EXIT_DRIVER_UNREACHABLE
-#define EXIT_PAGE_ERROR CLAMOR_EXIT_PAGE_ERROR
 #define DRIVER_TIMEOUT_MS 60000
 #define PEER_TIMEOUT_MS 5000
 #define READAHEAD_BYTES (16u << 20)
@@ -30,10 +31,10 @@
 #define FAULT_AROUND_BYTES (2u << 20) /* resident mode: a fault maps its aligned block of current pages */
 
 typedef struct {
-    int running, id;
+    int running;
     uint8_t *ro;
     uint64_t size, ps, npages;
-    int cache_fd, uffd;
+    int uffd;
     pthread_t thread;
     uint8_t *token;
     size_t token_len;
@@ -45,23 +46,9 @@ typedef struct {
     int peer_fd[CL_MAX_WORKERS];
     uint32_t peer_ip[CL_MAX_WORKERS], peer_port[CL_MAX_WORKERS];
     int readahead;
-    uint32_t *cver1;  /* cached version + 1; 0 = not cached */
-    uint32_t *cvalid; /* last epoch the cached bytes are valid for */
-    uint32_t *readmark;
     uint8_t *pending;  /* pages the fetch paths are after right now (worker_pending.c) */
-    cl_stripes stripes;
-    _Atomic uint32_t epoch, task_seq;
-    pthread_mutex_t rs_lock;   /* the read sets below, against end_task */
-    uint64_t *rs_pages, rs_n, rs_cap; /* exact mode: this task's pages, as first touched */
-    uint32_t *rs_vers;
-    int exact;                 /* exact read sets: every task starts with the range unmapped */
-    uint32_t *res_ver1;        /* resident mode: version + 1 of each page resident since the last unmap_all */
-    uint64_t res_n, res_gen;   /* how many; bumped at every change */
-    uint32_t res_lo, res_hi;   /* the epochs every resident page serves: [newest version, earliest valid-until] */
     _Atomic uint64_t touched;
     _Atomic uint64_t last_direct; /* zero copy: the page of the last fault mapped in place, + 1 */
-    uint64_t *refbits;          /* CLOCK reference bits, one per page */
-    uint64_t hand, clock_end;   /* the hand sweeps [0, clock_end): past every page installed */
     uint64_t last_missing, ra_window;
     int zero_copy;            /* the range maps the driver's memfd (same host) */
     uint8_t *private_page;    /* zero copy: 1 where the range maps the cache memfd instead */
@@ -76,20 +63,12 @@ typedef struct {
     int run;
     cl_server *server;
     cl_tls_ctx *tls; /* NULL: plaintext page protocol */
-    clamor_worker_stats st;
 } worker_state;
-
-#define ADD(field, n) __atomic_fetch_add(&W.st.field, (n), __ATOMIC_RELAXED)
 
 #pragma GCC visibility push(hidden)
 
 extern worker_state W;
 
-int cached_for(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi);
-void die(int status, const char *why, uint64_t page);
-int evict(uint64_t p, int tell);
-void install(uint64_t p, uint32_t v, uint32_t hi);
-void make_room(uint64_t keep);
 void map_cached(uint64_t p);
 int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len);
 /* Fetches pages (sorted, none cached for E) as pipelined streams from the driver and
@@ -98,10 +77,6 @@ int map_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len);
 uint64_t fetch_missing(const uint64_t *pages, uint64_t n, uint32_t E, int mode);
 void qsort_pages(uint64_t *pages, uint64_t n);
 void mark_touched(uint64_t p);
-/* Page p is read at version v, which serves epochs up to hi: into the task's read set
- * (exact mode) or the resident set. */
-void record(uint64_t p, uint32_t v, uint32_t hi);
-void referenced(uint64_t p);
 void tell_dropped(uint64_t p);
 int driver(uint64_t page);
 void fetch(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi);

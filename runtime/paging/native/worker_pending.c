@@ -61,12 +61,12 @@ int pending_wait(uint64_t p, uint32_t E) {
     uint32_t v, hi;
     int held = 0, waited = 0;
     pthread_mutex_lock(&lock);
-    while (!(held = cached_for(p, E, &v, &hi) == 1) && W.pending[p]) {
+    while (!(held = cache_for(p, E, &v, &hi) == 1) && W.pending[p]) {
         waiters++, waited = 1;
         int rc = pthread_cond_timedwait(&arrived, &lock, &until);
         waiters--;
         if (rc == ETIMEDOUT) {
-            held = cached_for(p, E, &v, &hi) == 1;
+            held = cache_for(p, E, &v, &hi) == 1;
             break;
         }
     }
