@@ -32,8 +32,9 @@ from clamor.runtime import deadlines, joblib_backend
 from clamor.runtime.cluster_inspection import ClusterInspection
 from clamor.runtime.cluster_workers import ClusterWorkers, SchedulerServicer, Worker
 from clamor.runtime.credentials import Credentials
-from clamor.runtime.data import checkpoint, lineage
+from clamor.runtime.data import checkpoint
 from clamor.runtime.data.dataset import DatasetSources
+from clamor.runtime.data.lineage import LineageStore
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.futures import ClusterExecutor, ClusterFuture, Dispatcher
 from clamor.runtime.launchers.local import Launcher, LocalLauncher
@@ -52,6 +53,7 @@ from clamor.runtime.paging import memory
 from clamor.runtime.paging.pager import MAX_WORKERS, WORKER_LIMIT_REASON, DriverPager
 from clamor.runtime.paging.paging_api import DriverPaging
 from clamor.runtime.paging.read_sets import ReadSet
+from clamor.runtime.paging.versions import VersionKeeper
 from clamor.runtime.scheduling.executor import Executor
 from clamor.runtime.scheduling.streaming import TaskStream
 from clamor.runtime.scheduling.throttle import Throttle
@@ -267,6 +269,10 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
                 read_sets=read_sets,
             )
             undo.callback(self._paging.close)
+            #: The lineage of the partitions its datasets keep (runtime/data/lineage.py).
+            self.lineage = LineageStore()
+            #: What the driver's version log keeps: epoch pins, release, trimming.
+            self.versions = VersionKeeper(self._paging, self.lineage)
             self._cond = threading.Condition()
             self._workers: dict[int, Worker] = {}
             self._channels: list[grpc.Channel] = []
@@ -291,7 +297,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
                 poll=lambda: (c := me()) and c._refresh(),
                 unreachable=lambda w, why: (c := me()) and c._on_unreachable(w, why),
                 min_ref_bytes=lambda: (c := me()) and (c.page_size or None),
-                version_floor=lambda epoch: c._version_floor(epoch) if (c := me()) else epoch,
+                versions=self.versions,
                 speculation=speculation,
                 speculation_factor=speculation_factor,
                 fuse=fuse,
@@ -302,7 +308,6 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             undo.callback(self._executor.close)
             # calls submitted as futures (their thread must not keep the cluster alive either)
             self._futures = Dispatcher(lambda *a: (c := me()) and c._run_futures(*a), self._executor.value_of)
-            self._pins: collections.Counter[int] = collections.Counter()
             store = self._executor.driver_store  # not the cluster: its server must not keep it alive
             self._bulk = None if tls else BulkServer(self._token.encode(), host, store.lookup)
             if self._bulk is not None:
@@ -451,22 +456,8 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         checkpoints); otherwise the version log frees what no lineage needs. Raises
         :class:`ClamorError` if they are gone already: the driver wrote pages after that
         epoch's stage, when nothing pinned it."""
-        self._pins[epoch] += 1  # first: a stage ending meanwhile sees the pin
-        try:
-            self._executor.retain(epoch)
+        with self.versions.keep(epoch):
             yield
-        finally:
-            self._pins[epoch] -= 1
-            if not self._pins[epoch]:
-                del self._pins[epoch]
-
-    def _version_floor(self, epoch: int) -> int:
-        """The oldest epoch any stage may still read: pinned ones, lineage's, this one."""
-        needed = [epoch, *self._pins]
-        oldest = lineage.oldest_needed_epoch(self)
-        if oldest is not None:
-            needed.append(oldest)
-        return min(needed)
 
     @property
     def last_epoch(self) -> int:

@@ -10,7 +10,6 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from clamor.runtime.data import lineage
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.observe import html, snapshots
 from clamor.runtime.paging import arena
@@ -109,7 +108,7 @@ class ClusterInspection:
         ``tasks_interrupted`` (cancelled while running, and stopped), ``tasks_not_stopped``
         (their workers killed instead), ``workers_replaced`` (lost workers started anew)."""
         counters = dict(self._executor.counters())
-        counters["tasks_recomputed"] = lineage.recovery_counters(self)["tasks_recomputed"]
+        counters["tasks_recomputed"] = self.lineage.counters.tasks_recomputed
         counters["workers_replaced"] = self.workers_replaced
         return counters
 

@@ -1,6 +1,6 @@
 """The lineage graph: datasets as columns, their partitions as nodes, coloured by state.
 
-Draws a :class:`~clamor.runtime.data.lineage.LineageGraph`: every live persisted partition
+Draws a :class:`~clamor.runtime.data.lineage_graph.LineageGraph`: every live persisted partition
 and the datasets of the last actions, computing while their action runs
 (``snapshot.lineage``, what the dashboard shows), or one dataset's partitions and
 its ancestors' (``LineageView(lambda: ds.lineage())``). Datasets are columns left to
@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from clamor.runtime.data.lineage import LineageGraph, LineageNode
+from clamor.runtime.data.lineage_graph import LineageGraph, LineageNode
 from clamor.runtime.observe.snapshots import ClusterSnapshot
 from clamor.widgets.base import COLORS, View, set_data
 

@@ -22,21 +22,20 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from clamor.runtime.data import lineage, ops, plan, sources
+from clamor.runtime.data import ops, plan, sources
 from clamor.runtime.data.accumulators import Accumulator
-from clamor.runtime.data.lineage import LineageGraph
+from clamor.runtime.data.lineage import LineageRunner
+from clamor.runtime.data.lineage_graph import LineageGraph
 from clamor.runtime.data.ops import Aggregate
 from clamor.runtime.data.plan import Node, persist_key, run_action
-from clamor.runtime.stage import StageRunner
 
 
 def _release(runner_ref: weakref.ref, node_id: int, n: int) -> None:
     """Forget a persisted node and drop its partitions (on unpersist or collection)."""
-    plan._persisted.pop(node_id, None)
-    keys = [persist_key(node_id, i) for i in builtins.range(n)]
-    lineage.forget(keys)
     runner = runner_ref()
-    if runner is not None:
+    if runner is not None:  # else its lineage went with it
+        keys = [persist_key(node_id, i) for i in builtins.range(n)]
+        runner.lineage.unpersist(node_id, keys)
         try:
             runner.drop(keys)
         except Exception:  # noqa: BLE001 - e.g. the cluster is closed already
@@ -51,7 +50,7 @@ class Dataset:
     of an array gives array slices, ``range`` gives ``range`` objects.
     """
 
-    def __init__(self, runner: StageRunner, node: Node) -> None:
+    def __init__(self, runner: LineageRunner, node: Node) -> None:
         self._runner = runner
         self._node = node
         self._finalizer: weakref.finalize | None = None
@@ -171,7 +170,7 @@ class Dataset:
         later actions read them instead of recomputing. Returns ``self``. They are
         dropped by :meth:`unpersist` or when this object is garbage-collected."""
         if self._finalizer is None or not self._finalizer.alive:
-            plan._persisted.setdefault(self.id, set())
+            self._runner.lineage.persisted.setdefault(self.id, set())
             self._finalizer = weakref.finalize(
                 self, _release, weakref.ref(self._runner), self.id, self.num_partitions
             )
@@ -192,7 +191,7 @@ class Dataset:
     def locations(self) -> list[int | None]:
         """Per partition, the worker holding it if this dataset is persisted and computed
         (:data:`~clamor.runtime.stage.DRIVER` for the driver), else ``None``."""
-        held = plan._persisted.get(self.id, set()) if self.is_persisted else set()
+        held = self._runner.lineage.persisted.get(self.id, set()) if self.is_persisted else set()
         return [
             self._runner.holder(persist_key(self.id, i)) if i in held else None
             for i in builtins.range(self.num_partitions)
@@ -203,7 +202,7 @@ class Dataset:
         per partition, up to the sources): for persisted partitions, the fused ops, the
         arena epoch and ``(page, version)`` read set of the task that computed them,
         their holder and state (``"held"``, ``"lost"``, ``"recomputed"``)."""
-        return plan.lineage_graph(self._node, self._runner)
+        return plan.graph_of(self._node, self._runner)
 
     # --- actions ---
 

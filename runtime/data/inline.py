@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from clamor.runtime.data import accumulators, lineage
+from clamor.runtime.data import accumulators
 from clamor.runtime.data.dataset import DatasetSources
+from clamor.runtime.data.lineage import LineageStore
 from clamor.runtime.errors import MissingPartitionError
 from clamor.runtime.net import shipping
 from clamor.runtime.stage import (
@@ -43,6 +44,8 @@ class InlineRunner(DatasetSources):
         self._store: dict[PartitionKey, tuple[int, bytes]] = {}
         self.stages: list[StageSpec] = []
         self._epoch = 0
+        #: The lineage of the partitions its stages keep.
+        self.lineage = LineageStore()
         #: The epoch of the last successful stage (one more per stage, or the replayed one).
         self.last_epoch = 0
         #: Per task of the last successful stage: its ``(page, version)`` read set (empty here).
@@ -51,7 +54,7 @@ class InlineRunner(DatasetSources):
     @property
     def tasks_recomputed(self) -> int:
         """Tasks run again by lineage recovery (as ``Cluster.stats()["tasks_recomputed"]``)."""
-        return lineage.recovery_counters(self)["tasks_recomputed"]
+        return self.lineage.counters.tasks_recomputed
 
     @property
     def workers(self) -> list[int]:

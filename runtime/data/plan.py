@@ -37,8 +37,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Self
 
 from clamor.runtime import deadlines
-from clamor.runtime.data import lineage
-from clamor.runtime.data.lineage import LineageGraph, TaskRun
+from clamor.runtime.data import lineage, lineage_graph
+from clamor.runtime.data.lineage import LineageRunner, TaskRun
+from clamor.runtime.data.lineage_graph import LineageGraph
 from clamor.runtime.data.ops import (
     Aggregate,
     Cached,
@@ -68,7 +69,6 @@ from clamor.runtime.errors import (
 from clamor.runtime.net import shipping
 from clamor.runtime.stage import (
     PartitionKey,
-    StageRunner,
     StageSpec,
     TaskContext,
     TaskSpec,
@@ -88,10 +88,6 @@ REPLACEMENT_WAIT = 60.0
 
 _node_ids = itertools.count(1)
 _job_tokens = itertools.count(1)
-
-#: Persisted nodes: node id -> the partitions computed and kept by workers as
-#: ``("ds", id, i)`` (one lost with its worker stays listed: lineage rebuilds it).
-_persisted: dict[int, set[int]] = {}
 
 
 def new_node_id() -> int:
@@ -174,10 +170,10 @@ def describe(node: Node) -> str:
     return " <- ".join(names) + (" ..." if stack else "")
 
 
-def lineage_graph(root: Node, runner: StageRunner) -> LineageGraph:
-    """One :class:`~clamor.runtime.data.lineage.LineageNode` per partition of ``root`` and of
-    its ancestors up to the sources, and the edges from each partition's parents."""
-    return lineage.build_graph(root, runner, _persisted)
+def graph_of(root: Node, runner: LineageRunner) -> LineageGraph:
+    """One :class:`~clamor.runtime.data.lineage_graph.LineageNode` per partition of ``root``
+    and of its ancestors up to the sources, and the edges from each partition's parents."""
+    return lineage_graph.build_graph(root, runner)
 
 
 # --- compiling and running ---------------------------------------------------------------
@@ -240,8 +236,9 @@ class Job:
     """The stages of one action. Use as a context manager: its temporary keys are
     dropped at exit. Shuffle map stages run at most once per job."""
 
-    def __init__(self, runner: StageRunner, action: str) -> None:
+    def __init__(self, runner: LineageRunner, action: str) -> None:
         self.runner = runner
+        self.lineage = runner.lineage
         self.action = action
         self.token = next(_job_tokens)
         self.temp: list[PartitionKey] = []
@@ -257,14 +254,14 @@ class Job:
     def close(self) -> None:
         """Drop the job's temporary partitions (and forget their lineage records)."""
         keys, self.temp = self.temp, []
-        lineage.forget(keys)
+        self.lineage.forget(keys)
         self._drop_quietly(keys)
 
     # --- compiling ---
 
     def compile(self, node: Node) -> Compiled:
         """The op computing ``node``'s partitions; runs the shuffle map stages it needs."""
-        done = _persisted.get(node.id)
+        done = self.lineage.persisted.get(node.id)
         if done is None:
             return self._compile(node)
         prefix = ("ds", node.id)
@@ -314,7 +311,7 @@ class Job:
         shared: list[Node] = []
 
         def walk(node: Node) -> None:
-            done = _persisted.get(node.id)
+            done = self.lineage.persisted.get(node.id)
             if isinstance(node, Shuffle) or (done is not None and len(done) >= node.n):
                 return
             seen[node.id] = seen.get(node.id, 0) + 1
@@ -334,7 +331,7 @@ class Job:
         over ``roots`` would otherwise compute twice (only ``parts`` of them)."""
         for node in self._shared_persisted(roots):
             compiled = self.compile(node)
-            held = _persisted.get(node.id, set())
+            held = self.lineage.persisted.get(node.id, set())
             todo = tuple(i for i in range(parts.start, min(parts.stop, node.n)) if i not in held)
             tasks = [compiled.task(k, i, reply=False) for k, i in enumerate(todo)]
             persisted = lambda k, c=compiled, parts=todo: c.persisted(parts[k])
@@ -452,7 +449,7 @@ class Job:
         """Drop the persisted partitions a failed stage was computing (some tasks may have)."""
         self._drop_quietly(
             m.key for ms in made for m in ms
-            if m.dataset is not None and m.index not in _persisted.get(m.dataset, ())
+            if m.dataset is not None and m.index not in self.lineage.persisted.get(m.dataset, ())
         )  # fmt: skip
 
     def _remember(
@@ -461,25 +458,21 @@ class Job:
         epoch: int, read_sets: list,
     ) -> None:  # fmt: skip
         """Record the lineage of what each task of a finished stage left on its worker."""
-        try:
-            owner: weakref.ref | None = weakref.ref(self.runner)
-        except TypeError:
-            owner = None
+        persisted = self.lineage.persisted
         for k, task in enumerate(tasks):
             outputs = made[k] + (kept(k, results[k]) if kept is not None else [])
             if not outputs:
                 continue
-            parents = {key: run for key in task.inputs if (run := lineage.producer(key)) is not None}
+            parents = {key: run for key in task.inputs if (run := self.lineage.producer(key)) is not None}
             read_set = read_sets[k] if k < len(read_sets) else ()  # a ReadSet: immutable, shared
-            run = TaskRun(label, payload, task.index, task.inputs, task.output, epoch, read_set,
-                          parents, runner=owner)  # fmt: skip
+            run = TaskRun(label, payload, task.index, task.inputs, task.output, epoch, read_set, parents)
             for out in outputs:
                 if out.dataset is not None:
-                    if out.dataset not in _persisted:  # unpersisted while the stage ran
+                    if out.dataset not in persisted:  # unpersisted while the stage ran
                         self._drop_quietly([out.key])
                         continue
-                    _persisted[out.dataset].add(out.index)
-                lineage.record(out.key, run, out.ops, out.dataset, out.index)
+                    persisted[out.dataset].add(out.index)
+                self.lineage.record(out.key, run, out.ops, out.dataset, out.index)
 
     def _drop_quietly(self, keys: Iterable[PartitionKey]) -> None:
         """Drop ``keys``, logging a failure (the action's own outcome matters more)."""
@@ -566,13 +559,13 @@ class Job:
         return list(groups.values())
 
 
-def _graph_while_alive(root: weakref.ref, runner: StageRunner) -> LineageGraph:
+def _graph_while_alive(root: weakref.ref, runner: LineageRunner) -> LineageGraph:
     """The lineage graph of the plan node ``root`` refers to; empty once it is gone."""
     node = root()
-    return LineageGraph([], []) if node is None else lineage_graph(node, runner)
+    return LineageGraph([], []) if node is None else graph_of(node, runner)
 
 
-def run_action(runner: StageRunner, action: str, body: Callable[[Job], Any],
+def run_action(runner: LineageRunner, action: str, body: Callable[[Job], Any],
                timeout: float | None, root: Node) -> Any:  # fmt: skip
     """Run ``body`` in a fresh :class:`Job` (its temporary partitions dropped at the end).
     Partitions lost on the way are recomputed by :meth:`Job.run` from lineage. Its stages
@@ -581,12 +574,5 @@ def run_action(runner: StageRunner, action: str, body: Callable[[Job], Any],
     graph shows it while it runs, and after)."""
     seconds = timeout if timeout is not None else getattr(runner, "action_timeout", None)
     graph = functools.partial(_graph_while_alive, weakref.ref(root))  # neither keeps anything alive
-    with deadlines.limit(seconds, action), lineage.acting(runner, graph), Job(runner, action) as job:
+    with deadlines.limit(seconds, action), runner.lineage.acting(graph), Job(runner, action) as job:
         return body(job)
-
-
-# --- what the cluster and the widgets read -----------------------------------------------
-
-oldest_needed_epoch = lineage.oldest_needed_epoch
-truncate_lineage = lineage.truncate_lineage
-recovery_counters = lineage.recovery_counters

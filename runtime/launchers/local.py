@@ -155,13 +155,13 @@ def _remove_token_file(files: dict[str, str]) -> None:
 
 def _reap(procs: dict[int, subprocess.Popen], logs: list[IO], files: dict[str, str]) -> None:
     """SIGKILL and wait for every worker still running; remove the token file."""
-    for proc in procs.values():
+    for proc in list(procs.values()):  # a replacement may start meanwhile
         if proc.poll() is None:
             try:
                 proc.kill()
             except OSError:
                 pass
-    for proc in procs.values():
+    for proc in list(procs.values()):
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -285,7 +285,7 @@ class LocalLauncher(Launcher):
         if not self._finalizer.alive:
             return
         deadline = time.monotonic() + timeout
-        for proc in self._procs.values():
+        for proc in list(self._procs.values()):  # a replacement may start meanwhile
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

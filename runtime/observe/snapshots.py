@@ -25,11 +25,11 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from clamor.runtime.data import lineage
+from clamor.runtime.data import lineage_graph
 from clamor.runtime.observe.telemetry import Event, StageRecord, TaskRecord
 
 logger = logging.getLogger("clamor.snapshots")
@@ -113,7 +113,7 @@ class ClusterSnapshot:
     totals: dict[str, int]
     #: (time, driver bytes, peer bytes, bytes mapped in place) so far
     history: tuple[tuple[float, int, int, int], ...]
-    lineage: lineage.LineageGraph
+    lineage: lineage_graph.LineageGraph
 
     @property
     def running(self) -> bool:
@@ -161,11 +161,11 @@ def take(cluster: Any, variables: VariableSpans | None = None, seq: int = 0,
         stages=dict(sched["stages"]),
         stage_log=tuple(telemetry.stages()),
         tasks=tuple(telemetry.tasks()),
-        events=tuple(sorted(events + _recoveries(), key=lambda e: e.time)),
+        events=tuple(sorted(events + _recoveries(cluster.lineage.events), key=lambda e: e.time)),
         pages=pages,
         totals=totals,
         history=history,
-        lineage=lineage.live_graph(cluster),
+        lineage=lineage_graph.live_graph(cluster),
     )
 
 
@@ -177,10 +177,10 @@ def _cached_bytes(cluster: Any, pages: PageSnapshot) -> dict[int, int]:
     return cached_bytes(((pages.first_page * pages.page_size, len(pages) * pages.page_size),))
 
 
-def _recoveries() -> list[Event]:
-    """Lineage recoveries (runtime/data/lineage.py) as events."""
+def _recoveries(recoveries: Iterable[dict]) -> list[Event]:
+    """Lineage recoveries (``LineageStore.events``) as events."""
     out = []
-    for e in list(lineage.events):
+    for e in list(recoveries):
         if e.get("kind") == "recompute":
             detail = (f"{e['partitions']} partition(s) recomputed in {e['tasks']} task(s), "
                       f"{e['seconds']:.2f} s")  # fmt: skip
@@ -266,7 +266,8 @@ class Publisher:
         if telemetry.active:
             return time.monotonic()
         paging = self.cluster.paging.stats()
-        return (telemetry.version, lineage.generation(), len(lineage.events),
+        store = self.cluster.lineage
+        return (telemetry.version, store.generation, len(store.events),
                 paging.get("bytes_served_by_driver"), paging.get("bytes_served_by_peers"),
                 paging.get("epoch"), paging.get("invalidations"))  # fmt: skip
 

@@ -47,6 +47,7 @@ from clamor.runtime.observe.telemetry import Telemetry
 from clamor.runtime.paging.paging_api import DriverPaging
 from clamor.runtime.paging.read_sets import ReadSet, ReadSetCache
 from clamor.runtime.scheduling import fusion
+from clamor.runtime.paging.versions import VersionKeeper
 from clamor.runtime.scheduling.events import Event, EventLoop
 from clamor.runtime.scheduling.fusion import FusionPolicy
 from clamor.runtime.scheduling.scheduler import (
@@ -129,7 +130,7 @@ class Executor:
         poll: Callable[[], None],
         unreachable: Callable[[int, str], None],
         min_ref_bytes: Callable[[], int | None],
-        version_floor: Callable[[int], int] = lambda epoch: epoch,
+        versions: VersionKeeper | None = None,
         window: int = 32,
         speculation: bool = True,
         speculation_factor: float = 2.0,
@@ -144,10 +145,9 @@ class Executor:
         self._poll = poll
         self._unreachable = unreachable
         self._min_ref_bytes = min_ref_bytes
-        self._version_floor = version_floor
-        self._trimmed_floor = 0
+        #: What the driver's version log keeps (epoch pins, release, trimming).
+        self.versions = versions if versions is not None else VersionKeeper(paging)
         self._polled = 0.0  # when execute last polled for lost workers
-        self._released = 0  # epochs <= it are read by no stage any more (see _release)
         self._state = SchedulerState(
             window=window, speculation=speculation, speculation_factor=speculation_factor
         )
@@ -412,12 +412,8 @@ class Executor:
         and the values returned are ``None``.
         """
         program = shipping.pack_program(stage.program, self._min_ref_bytes())
-        if stage.epoch is not None and (stage.epoch < self._trimmed_floor or stage.epoch <= self._released):
-            raise ClamorError(
-                f"cannot replay epoch {stage.epoch}: its page versions were freed (the "
-                f"version log keeps epochs >= {max(self._trimmed_floor, self._released + 1)}, "
-                "and the ones pinned by keep_versions or by lineage)"
-            )
+        if stage.epoch is not None:
+            self.versions.check_replay(stage.epoch)
         with self._stage_lock:
             # At most every POLL_INTERVAL here (and while the stage waits): a worker that
             # dies also ends its task stream, which reports it at once.
@@ -459,7 +455,7 @@ class Executor:
                     self._stages.pop(stage_id, None)
             finally:
                 self._paging.end_stage()
-                self._release(stage, epoch)
+                self.versions.stage_ended(epoch, replay=stage.epoch is not None, keeps_lineage=stage.keeps_lineage)
         counts = [c for _, c in run.chunks] or [1] * len(results)
         self.fusion.learn(key, [r.duration for r in results], counts)
         self.last_read_sets = [r.read_set for r, c in zip(results, counts) for _ in range(c)]
@@ -541,44 +537,18 @@ class Executor:
             self._post_and_wait(lambda s: [])
         self.stopper.wait()
 
-    def _release(self, stage: StageSpec, epoch: int) -> None:
-        """After a stage at ``epoch``: if nothing will read that epoch again (no lineage
-        or checkpoint pins it, and this stage's outputs keep none), the driver's writes
-        until the next stage need no copy of the old bytes (the parameter server's update).
-        A replay at ``epoch`` is refused from then on."""
-        if stage.epoch is None and not stage.keeps_lineage and self._version_floor(epoch + 1) > epoch:
-            self._paging.release(epoch)
-            self._released = epoch
-
-    def retain(self, epoch: int) -> None:
-        """Epoch ``epoch`` will be read again (``Cluster.keep_versions``): undo its
-        release, or raise if the driver wrote since without keeping the old bytes."""
-        if epoch <= self._released:
-            if not self._paging.retain(epoch):
-                raise ClamorError(
-                    f"cannot keep the page versions of epoch {epoch}: nothing pinned them when "
-                    "its stage ended, and the driver has written arena pages since without "
-                    "keeping the old bytes (pin an epoch with keep_versions before writing)"
-                )
-            self._released = epoch - 1
-
     def _trim_versions(self, epoch: int, barrier_sent: bool, live: Callable[[], list[int]]) -> None:
         """Free the page versions no stage from here on reads (bounded version log).
 
-        ``version_floor(epoch)`` says how far back lineage and checkpoints still need
-        to read. An attempt of an earlier stage may still run on a worker (cancelled
-        ones finish on their own); an ``Invalidate`` runs on each worker's task thread
-        between attempts, so once every worker has answered one, none is left.
+        An attempt of an earlier stage may still run on a worker (cancelled ones finish on
+        their own); an ``Invalidate`` runs on each worker's task thread between attempts, so
+        once every worker has answered one, none is left.
         """
-        if not self._paging.version_log_bytes():
-            return  # nothing to free: spare the walk over lineage
-        floor = min(epoch, self._version_floor(epoch))
-        if floor <= self._trimmed_floor:
-            return
-        if not barrier_sent:
-            self._invalidate(epoch, [], live())
-        self._paging.trim_versions(floor)
-        self._trimmed_floor = floor
+        floor = self.versions.trimmable(epoch)
+        if floor is not None:
+            if not barrier_sent:
+                self._invalidate(epoch, [], live())
+            self.versions.trim(floor)
 
     def _invalidate(self, epoch: int, pages: list[int], workers: list[int]) -> None:
         """Invalidate ``pages`` on every live worker; one that fails is reported unreachable."""

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from clamor.extension import api, pages
-from clamor.runtime.data.lineage import LineageGraph
+from clamor.runtime.data.lineage_graph import LineageGraph
 from clamor.runtime.observe.snapshots import (
     ClusterSnapshot,
     PageSnapshot,

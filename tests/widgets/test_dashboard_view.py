@@ -5,7 +5,7 @@ hand-made snapshots and on a real cluster whose workers spill."""
 from __future__ import annotations
 
 import numpy as np
-from clamor.runtime.data.lineage import LineageGraph
+from clamor.runtime.data.lineage_graph import LineageGraph
 from clamor.runtime.observe.snapshots import (
     ClusterSnapshot,
     PageSnapshot,

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from clamor.runtime.data.lineage import LineageGraph
+from clamor.runtime.data.lineage_graph import LineageGraph
 from clamor.runtime.observe.snapshots import PAGE_FIELDS, ClusterSnapshot, PageSnapshot
 from clamor.widgets.heatmap_view import PageHeatmap, owners
 

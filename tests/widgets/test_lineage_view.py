@@ -10,7 +10,7 @@ import json
 import time
 
 import numpy as np
-from clamor.runtime.data.lineage import LineageGraph, LineageNode
+from clamor.runtime.data.lineage_graph import LineageGraph, LineageNode
 from clamor.runtime.observe.snapshots import (
     ClusterSnapshot,
     PageSnapshot,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from clamor.runtime.data.lineage import LineageGraph
+from clamor.runtime.data.lineage_graph import LineageGraph
 from clamor.runtime.observe.snapshots import ClusterSnapshot, PageSnapshot
 from clamor.widgets.base import COLORS
 from clamor.widgets.replication_view import ReplicationView

@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import pytest
-from clamor.runtime.data import lineage, plan
+from clamor.runtime.data import lineage
 from clamor.runtime.data.inline import InlineRunner
 from clamor.runtime.errors import WorkerLostError
 from clamor.runtime.stage import StageSpec
@@ -23,17 +23,6 @@ import clamor
 @pytest.fixture
 def runner() -> InlineRunner:
     return InlineRunner(workers=2)
-
-
-@pytest.fixture
-def fresh_lineage(monkeypatch):
-    """No lineage recorded by other tests, and no checkpoint floor (restored afterwards)."""
-    monkeypatch.setattr(lineage, "_records", {})
-    monkeypatch.setattr(lineage, "_floor", 0)
-    monkeypatch.setattr(lineage, "_floors", lineage.weakref.WeakKeyDictionary())
-    lineage._changed()
-    yield
-    lineage._changed()
 
 
 def recompute_stages(runner: InlineRunner) -> list[StageSpec]:
@@ -114,13 +103,13 @@ def test_a_persisted_partition_records_its_ops_epoch_and_task(runner):
         node = graph.node(("ds", ds.id, i))
         assert node.ops == ("parallelize", "map_partitions", "filter")
         assert (node.state, node.epoch, node.holder) == ("held", epoch, runner.holder(("ds", ds.id, i)))
-        record = lineage.get(("ds", ds.id, i))
+        record = ds._runner.lineage.get(("ds", ds.id, i))
         assert (record.run.index, record.run.stage, record.run.inputs) == (i, partials.name, ())
     later = ds.map(lambda x: x + 1).persist()
     assert later.sum() == sum(x * 10 + 1 for x in range(8) if x != 3)
     node = later.lineage().node(("ds", later.id, 2))
     assert node.ops == ("map",) and node.epoch > epoch
-    assert lineage.get(("ds", later.id, 2)).run.inputs == (("ds", ds.id, 2),)  # read, not recomputed
+    assert ds._runner.lineage.get(("ds", later.id, 2)).run.inputs == (("ds", ds.id, 2),)  # read, not recomputed
 
 
 def test_a_persisted_join_comes_from_the_partitions_that_left_it_buckets(runner):
@@ -166,7 +155,7 @@ def test_lost_partitions_are_lost_then_recomputed_at_the_epoch_they_were_compute
     (stage,) = recompute_stages(runner)
     assert stage.epoch == first and len(stage.tasks) == len(on_worker_1)
     assert [s == "recomputed" for s in states(ds)] == [i in on_worker_1 for i in range(4)]
-    assert plan.recovery_counters(runner)["tasks_recomputed"] == len(on_worker_1) == runner.tasks_recomputed
+    assert runner.lineage.counters.tasks_recomputed == len(on_worker_1) == runner.tasks_recomputed
 
 
 def test_partitions_computed_at_different_epochs_are_recomputed_in_one_stage_per_epoch(runner):
@@ -245,34 +234,34 @@ def test_partitions_without_lineage_fail_with_a_clear_error(runner):
 # --- the version floor ----------------------------------------------------------------------
 
 
-def test_oldest_needed_epoch_follows_live_lineage(runner, fresh_lineage):
-    assert plan.oldest_needed_epoch() is None
+def test_oldest_needed_epoch_follows_live_lineage(runner):
+    assert runner.lineage.oldest_needed_epoch() is None
     a = runner.range(8, partitions=2).map(lambda x: x).persist()
     a.count()
     first = epoch_of(runner, "count: map (partials)")
     b = runner.range(8, partitions=2).map(lambda x: -x).persist()
     b.count()
     second = [k for k, s in enumerate(runner.stages, 1) if s.name == "count: map (partials)"][1]
-    assert plan.oldest_needed_epoch() == first == plan.oldest_needed_epoch(runner)
-    assert plan.oldest_needed_epoch(InlineRunner()) is None  # epochs are counted per runner
+    assert runner.lineage.oldest_needed_epoch() == first
+    assert InlineRunner().lineage.oldest_needed_epoch() is None  # epochs are counted per runner
     c = a.map(lambda x: x + 1).persist()
     c.count()
     a.unpersist()
-    assert plan.oldest_needed_epoch() == first  # c can only be rebuilt from a's lineage
+    assert runner.lineage.oldest_needed_epoch() == first  # c can only be rebuilt from a's lineage
     c.unpersist()
-    assert plan.oldest_needed_epoch() == second  # b's
+    assert runner.lineage.oldest_needed_epoch() == second  # b's
     del b
-    assert plan.oldest_needed_epoch() is None  # garbage collection releases it too
+    assert runner.lineage.oldest_needed_epoch() is None  # garbage collection releases it too
 
 
-def test_truncated_lineage_is_recomputed_at_the_checkpoint_epoch(runner, fresh_lineage):
+def test_truncated_lineage_is_recomputed_at_the_checkpoint_epoch(runner):
     ds = runner.range(8, partitions=2).map(lambda x: x).persist()
     ds.count()
     for _ in range(3):
         runner.range(2).count()
     checkpoint = runner.last_epoch
-    plan.truncate_lineage(checkpoint, runner)
-    assert plan.oldest_needed_epoch(runner) == checkpoint
+    runner.lineage.truncate(checkpoint)
+    assert runner.lineage.oldest_needed_epoch() == checkpoint
     runner.lose(0)
     assert ds.collect() == list(range(8))
     assert [s.epoch for s in recompute_stages(runner)] == [checkpoint]

@@ -17,7 +17,6 @@ import time
 import numpy as np
 import pytest
 from clamor.demo import geodata
-from clamor.runtime.data import plan
 from clamor.runtime.errors import WorkerLostError
 from sklearn.neighbors import KDTree
 
@@ -25,7 +24,7 @@ import clamor
 
 
 def recomputed(cluster) -> int:
-    return plan.recovery_counters(cluster)["tasks_recomputed"]
+    return cluster.lineage.recovery_counters()["tasks_recomputed"]
 
 
 # --- Listing 3: a snapshot survives a kill after the driver's in-place update -----------------
@@ -72,7 +71,7 @@ def test_listing_3_prefs_stay_the_pre_update_answers_after_a_kill():
             node = graph.node(("ds", prefs.id, i))
             assert node.state == ("recomputed" if i in lost else "held")
             assert node.epoch == computed_at and node.holder in cluster.workers
-        counters = plan.recovery_counters(cluster)
+        counters = cluster.lineage.recovery_counters()
         assert counters["read_set_mismatches"] == 0  # the same page versions as the first time
         assert counters["tasks_recomputed"] >= len(lost)
 

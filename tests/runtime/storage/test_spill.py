@@ -19,7 +19,6 @@ import time
 
 import numpy as np
 import pytest
-from clamor.runtime.data import plan
 from clamor.runtime.paging.memory import ZERO_COPY_CACHE_SHARE
 
 import clamor
@@ -113,12 +112,12 @@ def test_a_spilled_partition_whose_holder_is_killed_is_recomputed_through_lineag
         while [h for h, _ in where(cluster, a)] != [1] * 8 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert [h for h, _ in where(cluster, a)] == [1] * 8
-        before = plan.recovery_counters(cluster)["tasks_recomputed"]
+        before = cluster.lineage.recovery_counters()["tasks_recomputed"]
 
         cluster.kill_worker(1)  # the holder of every partition of a, spilled ones included
 
         assert totals(a) == expected(0)
-        assert plan.recovery_counters(cluster)["tasks_recomputed"] - before >= 8
+        assert cluster.lineage.recovery_counters()["tasks_recomputed"] - before >= 8
         assert {h for h, _ in where(cluster, a)} == {0}  # recomputed on the survivor, over its
         assert stats(cluster)[0]["partition_bytes"] <= 4 * MiB  # budget: the rest on its disk
 
