@@ -17,11 +17,11 @@ import cloudpickle
 import grpc
 from clamor.runtime.errors import ClamorError, WorkerLostError
 from clamor.runtime.exitcodes import describe_exit, process_runs
+from clamor.runtime.net.messages import decode_key
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.transport import PROTOCOL_VERSION, connect, format_address
 from clamor.runtime.paging.pager import MAX_WORKERS, WORKER_LIMIT_REASON
-from clamor.runtime.storage.partitions import decode_key
 
 logger = logging.getLogger("clamor.cluster")
 

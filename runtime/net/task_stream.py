@@ -245,8 +245,8 @@ class DriverLink:
     def cancel(self, attempts: Iterable[int]) -> None:
         self._send(pb.DriverMessage(cancel=list(attempts)))
 
-    def drop(self, keys: Iterable[bytes]) -> None:
-        """Free partitions on the worker (pickled keys)."""
+    def drop(self, keys: Iterable[pb.PartitionKey]) -> None:
+        """Free partitions on the worker."""
         self._send(pb.DriverMessage(drop=list(keys)))
 
     def close(self, why: str = "", code: grpc.StatusCode = grpc.StatusCode.OK) -> None:

@@ -39,6 +39,7 @@ from clamor.runtime.errors import (
     WorkerLostError,
 )
 from clamor.runtime.net import shipping
+from clamor.runtime.net.messages import decode_key, encode_key
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import decode_exception
@@ -46,8 +47,8 @@ from clamor.runtime.net.task_stream import DriverLink
 from clamor.runtime.observe.telemetry import Telemetry
 from clamor.runtime.paging.paging_api import DriverPaging
 from clamor.runtime.paging.read_sets import ReadSet, ReadSetCache
-from clamor.runtime.scheduling import fusion
 from clamor.runtime.paging.versions import VersionKeeper
+from clamor.runtime.scheduling import fusion
 from clamor.runtime.scheduling.events import Event, EventLoop
 from clamor.runtime.scheduling.fusion import FusionPolicy
 from clamor.runtime.scheduling.scheduler import (
@@ -65,11 +66,7 @@ from clamor.runtime.scheduling.stopping import Stopper
 from clamor.runtime.scheduling.streaming import TaskStream
 from clamor.runtime.stage import DRIVER, PartitionKey, StageSpec, TaskSpec
 from clamor.runtime.storage.bulk import BulkClient, fetch_partition
-from clamor.runtime.storage.partitions import (
-    PartitionStore,
-    decode_key,
-    encode_key,
-)
+from clamor.runtime.storage.partitions import PartitionStore
 
 logger = logging.getLogger("clamor.executor")
 T = TypeVar("T")
@@ -294,7 +291,7 @@ class Executor:
                 finished = []
         try:
             moves = {decode_key(m.key): (m.holder, m.tier, m.nbytes) for m in moved}
-        except Exception:  # a key that does not unpickle: placement only
+        except Exception:  # a key that does not decode: placement only
             logger.exception("worker %d reported partition moves that do not decode", worker)
             moves = {}
         if moves:
@@ -302,7 +299,7 @@ class Executor:
         self._events.post_here(events)
 
     def _decode_result(self, worker: int, report: pb.TaskReport) -> TaskResult:
-        if report.value_key:
+        if report.HasField("value_key"):
             value: Any = _Kept(worker, decode_key(report.value_key))
         else:
             value = shipping.loads(report.value) if report.value else None
@@ -385,7 +382,7 @@ class Executor:
             attempt_id=attempt.id,
             index=index,
             inputs=inputs,
-            output=encode_key(spec.output) if spec.output is not None else b"",
+            output=encode_key(spec.output) if spec.output is not None else None,
             reply=spec.reply,
             count=count,
             payloads=run.payloads[index:index + max(count, 1)] if run is not None else (),

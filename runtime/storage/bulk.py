@@ -13,7 +13,8 @@ Protocol (little-endian; one request at a time per connection):
 - both sides prove they know the token before any pickle is read: the server sends
   a 32-byte nonce, the client answers ``HMAC-SHA256(token, nonce)`` and a nonce of its
   own, which the server answers likewise; a wrong answer closes the connection;
-- request: ``u32`` length, then the pickled partition key (at most 64 KiB);
+- request: ``u32`` length, then the partition key, a serialized ``PartitionKey`` message
+  (:func:`~clamor.runtime.net.messages.key_bytes`, at most 64 KiB);
 - reply: ``u8`` status (0 value, 1 not held here, 2 error), ``u32`` number of
   buffers, ``u64`` pickle length, ``u64`` per buffer length; then the pickle and
   the buffers (or, for 1 and 2, a UTF-8 message as the "pickle").
@@ -37,6 +38,7 @@ import grpc
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.net import shipping
 from clamor.runtime.net.acceptor import Acceptor, RateLimitedLog
+from clamor.runtime.net.messages import key_bytes, key_from_bytes
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.transport import (
     prove_token_client,
@@ -45,7 +47,7 @@ from clamor.runtime.net.transport import (
     split_address,
 )
 from clamor.runtime.stage import PartitionKey
-from clamor.runtime.storage.partitions import decode_key, encode_key, join_chunks
+from clamor.runtime.storage.partitions import join_chunks
 
 logger = logging.getLogger("clamor.bulk")
 _refusals = RateLimitedLog(logger)
@@ -108,7 +110,7 @@ class BulkServer:
 
     def _answer(self, conn: socket.socket, raw_key: bytes) -> None:
         try:
-            key = decode_key(raw_key)
+            key = key_from_bytes(raw_key)
             data, buffers = shipping.dumps_out_of_band(self._lookup(key))
         except KeyError:
             return _send(conn, NOT_HELD, b"not held here", [])
@@ -180,7 +182,7 @@ class BulkClient:
         try:
             sock, lock = self._connection(address)
             with lock:
-                raw = encode_key(key)
+                raw = key_bytes(key)
                 sock.sendall(_U32.pack(len(raw)) + raw)
                 status, nbuf, size = _HEADER.unpack(recv_exact(sock, _HEADER.size))
                 if nbuf > MAX_BUFFERS:

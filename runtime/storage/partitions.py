@@ -9,7 +9,6 @@ streams), so no gRPC message grows with the partition.
 
 from __future__ import annotations
 
-import pickle
 import sys
 import threading
 from collections.abc import Iterable, Iterator
@@ -24,14 +23,6 @@ from clamor.runtime.stage import PartitionKey
 
 #: Size of one chunk of a partition on the wire.
 CHUNK_BYTES = 1 << 20
-
-
-def encode_key(key: PartitionKey) -> bytes:
-    return pickle.dumps(key, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def decode_key(data: bytes) -> PartitionKey:
-    return pickle.loads(data)
 
 
 def approx_nbytes(value: Any) -> int:

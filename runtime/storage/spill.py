@@ -37,13 +37,13 @@ from typing import Any
 import grpc
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.net import shipping
+from clamor.runtime.net.messages import encode_key
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.stage import PartitionKey
 from clamor.runtime.storage.partitions import (
     PartitionStore,
     chunk,
-    encode_key,
     join_chunks,
 )
 
@@ -229,7 +229,8 @@ class SpillingStore(PartitionStore):
         def stream() -> Iterator[pb.Chunk]:
             for i, piece in enumerate(chunk(data)):
                 if i == 0:
-                    piece.key, piece.nbytes = encode_key(key), size
+                    piece.key.CopyFrom(encode_key(key))
+                    piece.nbytes = size
                 yield piece
 
         try:

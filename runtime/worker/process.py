@@ -42,6 +42,7 @@ from clamor.runtime.exitcodes import (
     EXIT_SETUP_FAILED,
     process_runs,
 )
+from clamor.runtime.net.messages import decode_key
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.task_stream import run_worker_stream
@@ -54,7 +55,7 @@ from clamor.runtime.net.transport import (
 from clamor.runtime.paging.memory import WorkerBudget
 from clamor.runtime.paging.paging_api import NullWorkerPaging, load_factory
 from clamor.runtime.storage.bulk import BulkServer
-from clamor.runtime.storage.partitions import PartitionStore, decode_key
+from clamor.runtime.storage.partitions import PartitionStore
 from clamor.runtime.storage.spill import SpillingStore
 from clamor.runtime.worker.tasks import WorkerExecutor
 
@@ -117,7 +118,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             first = first or piece
             parts.append(piece.data)
         data = b"".join(parts)
-        if first is None or not first.key or len(data) != first.total:
+        if first is None or not first.HasField("key") or len(data) != first.total:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a spilled partition arrived incomplete")
         key = decode_key(first.key)
         if not self.store.accept(key, data, first.nbytes):

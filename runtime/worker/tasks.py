@@ -25,13 +25,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.net import shipping
+from clamor.runtime.net.messages import decode_key, encode_key
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import encode_exception
@@ -40,11 +41,7 @@ from clamor.runtime.net.transport import connect
 from clamor.runtime.paging.paging_api import WorkerPaging
 from clamor.runtime.stage import DRIVER, PartitionKey, TaskContext, run_program
 from clamor.runtime.storage.bulk import BulkClient, fetch_partition
-from clamor.runtime.storage.partitions import (
-    PartitionStore,
-    decode_key,
-    encode_key,
-)
+from clamor.runtime.storage.partitions import PartitionStore
 from clamor.runtime.worker.interrupts import Interrupter
 
 logger = logging.getLogger("clamor.worker")
@@ -197,13 +194,13 @@ class WorkerExecutor:
                 return False
             time.sleep(0.01)
 
-    def drop(self, keys: list[bytes]) -> None:
-        """Free partitions (pickled keys); a key that does not unpickle is logged and skipped."""
+    def drop(self, keys: Iterable[pb.PartitionKey]) -> None:
+        """Free partitions; a key that does not decode (a user's pickled key) is logged and skipped."""
         decoded = []
         for key in keys:
             try:
                 decoded.append(decode_key(key))
-            except Exception:  # whatever the unpickler raises
+            except Exception:  # whatever unpickling a user key raises
                 logger.exception("the driver dropped a partition key that does not decode")
         self._store.drop(decoded)
 
@@ -309,7 +306,7 @@ class WorkerExecutor:
     def _run(self, program: Any, item: _Queued) -> pb.TaskReport:
         a = item.assignment
         start = time.perf_counter()
-        try:  # an input key that does not unpickle fails the attempt, not this thread
+        try:  # an input key that does not decode fails the attempt, not this thread
             locations = {decode_key(i.key): (i.holder, i.address, i.bulk_address) for i in a.inputs}
         except Exception as exc:  # noqa: BLE001
             return _error_report(a.attempt_id, exc, a.index)
@@ -343,7 +340,7 @@ class WorkerExecutor:
             finally:
                 read_set = self.paging.end_task()
             report = pb.TaskReport(attempt_id=a.attempt_id, index=a.index, status=pb.OK)
-            if a.output:
+            if a.HasField("output"):
                 ctx.put(decode_key(a.output), value)
             if a.reply and value is not None:  # no value: None (the common empty reply)
                 self._encode_value(report, a.attempt_id, value)
@@ -366,7 +363,7 @@ class WorkerExecutor:
         else:  # kept here; the driver streams it with GetPartition, then drops it
             key = ("reply", attempt_id)
             self._store.put(key, value, spillable=False)  # on its way out
-            report.value_key = encode_key(key)
+            report.value_key.CopyFrom(encode_key(key))
 
     def _fetch(self, key: PartitionKey, holder: int, address: str, bulk_address: str) -> Any:
         if holder == self.worker_id or key in self._store:  # e.g. a peer spilled it here

@@ -27,6 +27,7 @@ import pytest
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.errors import WorkerLostError
 from clamor.runtime.net import task_stream, transport
+from clamor.runtime.net.messages import decode_key, encode_key
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.stream_server import StreamPoller
@@ -100,7 +101,7 @@ def items(frames: list[tuple[int, bytes]]) -> list:
         if kind == MESSAGE:
             m = pb.DriverMessage.FromString(body)
             out += [("launch", r.stage_id) for r in m.launches] + [("cancel", list(m.cancel))] * bool(m.cancel)
-            out += [("drop", list(m.drop))] * bool(m.drop)
+            out += [("drop", [decode_key(k) for k in m.drop])] * bool(m.drop)
     return out
 
 
@@ -114,14 +115,14 @@ def test_items_arrive_in_issue_order_a_large_one_through_the_writer_and_close_sa
     link.launch(launch(2))
     link.cancel([1])
     link.launch(launch(3, b"p" * (3 * task_stream.INLINE_BYTES)))  # the writer thread's
-    link.drop([b"k1"])  # behind it: never ahead
+    link.drop([encode_key(("k", 1))])  # behind it: never ahead
     link.launch(launch(4))
     wait_for(lambda: len(frames) == 6)
     link.close("the driver counts worker 7 as lost", grpc.StatusCode.ABORTED)
     link.launch(launch(5))  # after close: never sent
     wait_for(lambda: frames[-1][0] == END)
     assert items(frames) == [("launch", 1), ("launch", 2), ("cancel", [1]), ("launch", 3),
-                             ("drop", [b"k1"]), ("launch", 4)]  # fmt: skip
+                             ("drop", [("k", 1)]), ("launch", 4)]  # fmt: skip
     assert task_stream.parse_end(frames[-1][1]) == (grpc.StatusCode.ABORTED, "the driver counts worker 7 as lost")
     assert (link.sent_messages, link.sent_attempts) == (6, 4)
     time.sleep(0.1)

@@ -209,7 +209,7 @@ def test_an_oversized_message_is_refused_and_the_worker_keeps_serving(cluster):
     from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 
     address = next(w["address"] for w in cluster.worker_stats() if w["alive"])
-    huge = pb.Chunk(data=b"x" * (transport.MAX_MESSAGE_BYTES + 1), total=1, key=b"k")
+    huge = pb.Chunk(data=b"x" * (transport.MAX_MESSAGE_BYTES + 1), total=1, key=pb.PartitionKey(kind="k"))
     with transport.connect(address, cluster._token) as channel, pytest.raises(grpc.RpcError) as info:
         pb_grpc.WorkerStub(channel).PutPartition(iter([huge]), timeout=30)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -8,7 +8,8 @@ import os
 
 import grpc
 import numpy as np
-from clamor.runtime.storage.partitions import decode_key, join_chunks
+from clamor.runtime.net.messages import decode_key
+from clamor.runtime.storage.partitions import join_chunks
 from clamor.runtime.storage.spill import SpillingStore
 
 MiB = 1 << 20
