@@ -273,6 +273,8 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             self.lineage = LineageStore()
             #: What the driver's version log keeps: epoch pins, release, trimming.
             self.versions = VersionKeeper(self._paging, self.lineage)
+            #: Its checkpoints being written, and the epoch of the last one done.
+            self.checkpoints = checkpoint.CheckpointLog()
             self._cond = threading.Condition()
             self._workers: dict[int, Worker] = {}
             self._channels: list[grpc.Channel] = []
@@ -459,6 +461,23 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         with self.versions.keep(epoch):
             yield
 
+    def seal_epoch(self) -> int | None:
+        """Seal a new arena epoch between two stages and pin its page versions until
+        :meth:`release_epoch` (a checkpoint reads the arena as of it while the notebook
+        writes on); ``None`` if this cluster's paging keeps no versions."""
+        self._check_open()
+        if not isinstance(self._paging, DriverPager):
+            return None
+        return self._executor.seal_epoch(lambda: self.workers)
+
+    def release_epoch(self, epoch: int) -> None:
+        """Unpin an epoch :meth:`seal_epoch` gave."""
+        self.versions.unpin(epoch)
+
+    def read_page(self, page: int, epoch: int, out: Any) -> None:
+        """Arena page ``page`` as epoch ``epoch`` read it, into the writable buffer ``out``."""
+        self._paging.read_version_into(page, epoch, out)
+
     @property
     def last_epoch(self) -> int:
         """The arena epoch the last successful stage's tasks read (its own, or the replayed one)."""
@@ -551,7 +570,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             if self._closed:
                 return
         with _interrupts_held():
-            checkpoint.wait_pending(self)
+            self.checkpoints.wait()
             with self._cond:
                 if self._closed:
                     return

@@ -9,8 +9,8 @@ background while the notebook keeps running, and brought back in a fresh process
   stage protocol, between two stages (every used page becomes write-protected;
   the first later driver write to a page copies its old bytes into the version
   log), then a background thread writes each page as of that epoch
-  (``clamor_driver_read_version``). The epoch stays pinned
-  (``Cluster.keep_versions``) until the pages are written;
+  (``DriverPager.read_version_into``). The epoch stays pinned in the cluster's
+  version keeper until the pages are written;
 - the allocator's live blocks (``arena.live_blocks``), so that a restore
   re-creates them at the same offsets and later allocations never overlap them;
 - the variables, pickled during the call with ``shipping.dumps``: arena arrays of
@@ -28,13 +28,16 @@ when the last of them is collected; blocks no variable refers to are freed at
 once (nothing can reach them) unless ``keep_unreferenced=True``. Datasets come
 back as lists of partition values, or, given a cluster, as fresh persisted
 datasets with exactly those partitions (their old lineage is not restored).
+
+The module reaches a cluster only through :class:`CheckpointHost`, what a ``Cluster``
+offers it (seal and release an epoch, read a page at an epoch, fetch a partition, its
+:class:`CheckpointLog`); and the arena only through ``runtime/paging/arena.py``.
 """
 
 from __future__ import annotations
 
 import bisect
 import concurrent.futures
-import contextlib
 import dataclasses
 import io
 import json
@@ -46,7 +49,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from clamor.runtime.data import checkpoint_files as files
@@ -54,68 +57,95 @@ from clamor.runtime.data.checkpoint_files import CheckpointError, read_manifest
 from clamor.runtime.errors import ClamorError, SerializationError
 from clamor.runtime.net import shipping
 from clamor.runtime.paging import arena
-from clamor.runtime.paging.native import _native
+from clamor.runtime.stage import PartitionKey
 
 __all__ = [
     "CheckpointError",
     "CheckpointHandle",
+    "CheckpointHost",
+    "CheckpointLog",
     "Restored",
-    "latest_epoch",
-    "pinned_epochs",
     "read_manifest",
     "restore",
     "start",
-    "version_floor",
-    "wait_pending",
 ]
-
-ffi, lib = _native.ffi, _native.lib
 
 _BY_VALUE = 1 << 62  # min_ref_bytes that sends every array by value
 
 
-# --- bookkeeping: checkpoints in progress, the latest per cluster ---------------------
+# --- what a cluster offers, and its log of checkpoints -------------------------------
 
 _lock = threading.Lock()
-_pending: dict[int, CheckpointHandle] = {}
-_paths: set[str] = set()
-_latest: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_paths: set[str] = set()  # the directories being written, in this process
 
 
-def pinned_epochs(cluster: Any = None) -> list[int]:
-    """Epochs of checkpoints whose pages are still being written (of ``cluster`` if
-    given): the version log must keep what those epochs read until then."""
-    with _lock:
-        handles = list(_pending.values())
-    mine = [h for h in handles if cluster is None or h._cluster() is cluster]
-    return sorted(h.epoch for h in mine if h._pinned)
+class CheckpointLog:
+    """A cluster's checkpoints: those being written, and the epoch of the last that completed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: set[CheckpointHandle] = set()
+        #: The epoch of the last checkpoint that completed (``None``: none did). Its arena
+        #: pages, variables and datasets are on disk.
+        self.latest: int | None = None
+
+    def pinned(self) -> list[int]:
+        """Epochs of checkpoints whose pages are still being written: the version log keeps
+        what they read until then."""
+        with self._lock:
+            return sorted(h.epoch for h in self._pending if h._pinned)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the checkpoints in progress to finish; False on timeout. A cluster calls
+        this before stopping its pager: the writers read it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            handles = list(self._pending)
+        for handle in handles:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not handle.wait(left):
+                return False
+        return True
+
+    def _started(self, handle: CheckpointHandle) -> None:
+        with self._lock:
+            self._pending.add(handle)
+
+    def _ended(self, handle: CheckpointHandle, completed: bool) -> None:
+        with self._lock:
+            self._pending.discard(handle)
+            if completed:
+                self.latest = max(handle.epoch, self.latest or 0)
 
 
-def version_floor(cluster: Any, epoch: int) -> int:
-    """The oldest epoch the checkpoints of ``cluster`` still read: ``epoch`` if none is
-    in progress (a ready-made ``version_floor`` for the version log's trimming)."""
-    return min([epoch, *pinned_epochs(cluster)])
+class CheckpointHost(Protocol):
+    """What a cluster offers this module (``Cluster`` is one)."""
 
+    checkpoints: CheckpointLog
 
-def latest_epoch(cluster: Any) -> int | None:
-    """The epoch of the last checkpoint of ``cluster`` that completed, or ``None``. Its
-    arena pages, variables and datasets are on disk: lineage older than it is only
-    needed to recompute partitions that were not checkpointed."""
-    with _lock:
-        return _latest.get(cluster)
+    def seal_epoch(self) -> int | None:
+        """Seal a new arena epoch between two stages and pin its page versions; ``None``
+        if the cluster keeps no versions (its paging has no version log)."""
+        ...
 
+    def release_epoch(self, epoch: int) -> None:
+        """Unpin an epoch :meth:`seal_epoch` gave."""
+        ...
 
-def wait_pending(cluster: Any = None, timeout: float | None = None) -> bool:
-    """Wait for the checkpoints in progress (of ``cluster`` if given) to finish; False on
-    timeout. A cluster must call this before stopping its pager: the writers read it."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with _lock:
-        handles = [h for h in _pending.values() if cluster is None or h._cluster() is cluster]
-    for handle in handles:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not handle.wait(left):
-            return False
-    return True
+    def read_page(self, page: int, epoch: int, out: np.ndarray) -> None:
+        """Page ``page`` as epoch ``epoch`` reads it, into ``out`` (raises once it is gone)."""
+        ...
+
+    def fetch(self, key: PartitionKey) -> Any:
+        """A partition's value, brought to the driver."""
+        ...
+
+    def put(self, key: PartitionKey, value: Any) -> None:
+        """Keep ``value`` in the driver as partition ``key``."""
+        ...
+
+    @property
+    def page_size(self) -> int: ...
 
 
 # --- the handle ----------------------------------------------------------------------
@@ -125,11 +155,10 @@ class CheckpointHandle:
     """A checkpoint being written in the background. ``epoch``: the arena epoch it saves
     (0 without a pager: then the pages were copied before ``start`` returned)."""
 
-    def __init__(self, path: str, epoch: int, cluster: Any) -> None:
+    def __init__(self, path: str, epoch: int) -> None:
         self.path = path
         self.epoch = epoch
         self.started = time.time()
-        self._cluster = weakref.ref(cluster) if cluster is not None else lambda: None
         self._pinned = epoch > 0  # until its pages are written (epoch 0: no pager)
         self._future: concurrent.futures.Future = concurrent.futures.Future()
 
@@ -165,7 +194,7 @@ class CheckpointHandle:
 
 
 def start(
-    cluster: Any,
+    cluster: CheckpointHost | None,
     path: str | os.PathLike,
     variables: dict[str, Any] | None = None,
     datasets: dict[str, Any] | None = None,
@@ -201,14 +230,14 @@ def start(
         return writer.handle
     except BaseException:
         if writer is not None:
-            writer._finish()  # sealed (perhaps), but the thread did not start
+            writer._finish(completed=False)  # sealed (perhaps), but the thread did not start
         with _lock:
             _paths.discard(path)
         shutil.rmtree(path + ".tmp", ignore_errors=True)
         raise
 
 
-def _check_datasets(cluster: Any, datasets: dict[str, Any]) -> None:
+def _check_datasets(cluster: CheckpointHost | None, datasets: dict[str, Any]) -> None:
     from clamor.runtime.data.dataset import Dataset
 
     for name, ds in datasets.items():
@@ -240,7 +269,7 @@ def _pickle_variables(variables: dict[str, Any]) -> bytes:
     for name in variables:
         if not isinstance(name, str):
             raise TypeError(f"variable names must be strings, not {type(name).__name__}")
-    min_ref = arena.page_size() if lib.clamor_arena_exists() else None
+    min_ref = arena.page_size() if arena.exists() else None
     try:
         return shipping.dumps(variables, min_ref)
     except Exception as exc:
@@ -255,31 +284,26 @@ def _pickle_variables(variables: dict[str, Any]) -> bytes:
         raise SerializationError(f"cannot pickle the variables: {exc}") from exc
 
 
-def _pager(cluster: Any) -> Any:
-    """The cluster's arena pager if it can read past versions (a ``DriverPager``)."""
-    paging = getattr(cluster, "paging", None)
-    return paging if hasattr(paging, "read_version") and hasattr(cluster, "_executor") else None
-
-
 class _Writer:
     """Seals the state (in the caller's thread), then writes it (in the background)."""
 
     def __init__(
-        self, cluster: Any, path: str, variables: dict[str, Any], datasets: dict[str, Any]
+        self, cluster: CheckpointHost | None, path: str, variables: dict[str, Any], datasets: dict[str, Any]
     ) -> None:
         self.cluster, self.path, self.tmp = cluster, path, path + ".tmp"
         self.names = sorted(variables)
         self.variables, self.datasets = _pickle_variables(variables), datasets
         self.handle: CheckpointHandle | None = None
-        self.pins = contextlib.ExitStack()
+        self.pinned: int | None = None  # the epoch sealed, until its pages are written
         self.epoch, self.blocks, self.page_size = 0, [], 0
         self.pages: dict = {}
 
     def seal(self) -> None:
-        """Fix the epoch and the live blocks. With a pager: a new epoch, sealed between two
-        stages (under the executor's stage lock), pinned until the pages are written."""
-        pager = _pager(self.cluster)
-        if pager is None:
+        """Fix the epoch and the live blocks. With a cluster that keeps page versions: a new
+        epoch, sealed between two stages, pinned until the pages are written; else the
+        pages are copied now."""
+        epoch = self.cluster.seal_epoch() if self.cluster is not None else None
+        if epoch is None:
             self.blocks = arena.live_blocks()
             self.page_size = arena.page_size()
             whole = arena.view(0, (arena.get_arena().size,), np.uint8)
@@ -287,24 +311,12 @@ class _Writer:
             self.pages = files.write_pages(self.tmp, self.blocks, ps, lambda p, out: out.__setitem__(
                 slice(None), whole[p * ps : (p + 1) * ps]), _holes(ps))  # fmt: skip
         else:
-            executor = self.cluster._executor
-            with executor._stage_lock:
-                if getattr(self.cluster, "_closed", False):
-                    raise ClamorError("the cluster is closed")
-                epoch, pages = pager.begin_stage()
-                try:
-                    if pages:  # workers must drop the pages written since the last stage
-                        executor._invalidate(epoch, list(pages), self.cluster.workers)
-                finally:
-                    pager.end_stage()
-                keep = getattr(self.cluster, "keep_versions", None)
-                if keep is not None:
-                    self.pins.enter_context(keep(epoch))
-                self.epoch, self.blocks = epoch, arena.live_blocks()
-                self.page_size = pager.page_size
-        self.handle = CheckpointHandle(self.path, self.epoch, self.cluster)
-        with _lock:
-            _pending[id(self.handle)] = self.handle
+            self.pinned = self.epoch = epoch
+            self.blocks = arena.live_blocks()
+            self.page_size = self.cluster.page_size
+        self.handle = CheckpointHandle(self.path, self.epoch)
+        if self.cluster is not None:
+            self.cluster.checkpoints._started(self.handle)
 
     def run(self) -> None:
         handle = self.handle
@@ -315,42 +327,42 @@ class _Writer:
             shutil.rmtree(self.tmp, ignore_errors=True)
             error = CheckpointError(f"checkpoint to {self.path} failed: {type(exc).__name__}: {exc}")
             error.__cause__ = exc
-            self._finish()
+            self._finish(completed=False)
             handle._future.set_exception(error)
         else:
-            with _lock:
-                if self.cluster is not None:
-                    with contextlib.suppress(TypeError):  # not weak-referenceable
-                        _latest[self.cluster] = max(self.epoch, _latest.get(self.cluster, 0))
-            self._finish()
+            self._finish(completed=True)
             handle._future.set_result(manifest)
 
-    def _finish(self) -> None:
+    def _unpin(self) -> None:
+        if self.pinned is not None and self.cluster is not None:
+            self.cluster.release_epoch(self.pinned)
+        self.pinned = None
+        if self.handle is not None:
+            self.handle._pinned = False
+
+    def _finish(self, completed: bool) -> None:
         """Unpin the epoch, let go of the datasets, free the path for the next checkpoint."""
-        self.pins.close()
+        self._unpin()
         self.datasets = {}
+        if self.handle is not None and self.cluster is not None:
+            self.cluster.checkpoints._ended(self.handle, completed)
         with _lock:
-            if self.handle is not None:
-                _pending.pop(id(self.handle), None)
             _paths.discard(self.path)
 
     def _write(self) -> dict:
-        pager = _pager(self.cluster)
-        if pager is not None:
-            buf_epoch = self.epoch
+        if self.pinned is not None:
+            cluster, epoch = self.cluster, self.epoch
 
             def read(page: int, out: np.ndarray) -> None:
-                if getattr(pager, "_closed", False):
-                    raise CheckpointError("the cluster was closed while its checkpoint was written")
-                rc = lib.clamor_driver_read_version(page, buf_epoch, ffi.from_buffer("uint8_t[]", out))
-                if rc < 0:
-                    raise CheckpointError(f"page {page} as of epoch {buf_epoch} is no longer available")
+                try:
+                    cluster.read_page(page, epoch, out)
+                except ClamorError as exc:
+                    raise CheckpointError(f"page {page} as of epoch {epoch} is no longer available: {exc}") from exc
 
             self.pages = files.write_pages(
                 self.tmp, self.blocks, self.page_size, read, _holes(self.page_size)
             )
-            self.pins.close()  # the version log may drop what the epoch read from now on
-            self.handle._pinned = False
+            self._unpin()  # the version log may drop what the epoch read from now on
         variables = {"file": files.VARIABLES, "names": self.names}
         variables.update(files.write_file(self.tmp, files.VARIABLES, self.variables))
         datasets = {name: self._write_dataset(k, ds) for k, (name, ds) in enumerate(self.datasets.items())}
@@ -379,6 +391,7 @@ class _Writer:
     def _write_dataset(self, k: int, ds: Any) -> dict:
         from clamor.runtime.data.plan import persist_key
 
+        assert self.cluster is not None  # datasets belong to the cluster (start checks)
         os.makedirs(os.path.join(self.tmp, files.DATASETS, str(k)), exist_ok=True)
         entries = []
         for i in range(ds.num_partitions):
@@ -427,13 +440,14 @@ class Restored:
     def __getitem__(self, name: str) -> Any:
         return self.variables[name]
 
-    def to_datasets(self, cluster: Any) -> dict[str, Any]:
+    def to_datasets(self, cluster: CheckpointHost) -> dict[str, Any]:
         """The saved datasets as fresh persisted datasets of ``cluster``: partition ``i``
         is the saved partition ``i``; computed (kept on the workers) by the first action."""
         return {name: _dataset(cluster, parts) for name, parts in self.partitions.items()}
 
 
-def restore(path: str | os.PathLike, cluster: Any = None, *, keep_unreferenced: bool = False) -> Restored:
+def restore(path: str | os.PathLike, cluster: CheckpointHost | None = None, *,
+            keep_unreferenced: bool = False) -> Restored:  # fmt: skip
     """Bring the checkpoint at ``path`` back into this process's arena.
 
     Without an arena yet, one is created with the checkpoint's size and page size;
@@ -483,7 +497,7 @@ def _prepare_arena(path: str, manifest: dict, blocks: list[tuple[int, int]]) -> 
     """Create the arena with the checkpoint's geometry if there is none yet; check it is
     large enough. Returns its high-water mark (memory above it is still zero)."""
     needed = max((o + s for o, s in blocks), default=0)
-    if not lib.clamor_arena_exists():
+    if not arena.exists():
         size = max(manifest["arena_size"], needed)
         arena.configure(arena_size=size, page_size=manifest["arena_page_size"])
     current = arena.get_arena()
@@ -495,22 +509,20 @@ def _prepare_arena(path: str, manifest: dict, blocks: list[tuple[int, int]]) -> 
     return arena.arena_stats()["high_water"]
 
 
-def _reserve(path: str, blocks: list[tuple[int, int]]) -> dict[int, Any]:
-    """Re-create the blocks; an owner per block (a cdata that frees it when collected)."""
-    done: list[int] = []
+def _reserve(path: str, blocks: list[tuple[int, int]]) -> dict[int, np.ndarray]:
+    """Re-create the blocks, all or none; per block, the array that owns it (it is freed
+    when the last array over it is collected)."""
+    owners: dict[int, np.ndarray] = {}
     try:
         for off, size in blocks:
-            arena.reserve(off, size)
-            done.append(off)
+            owners[off] = arena.adopt(off, size)
     except ClamorError as exc:
-        for off in done:
-            arena.release(off)
+        owners.clear()  # frees those made so far
         raise CheckpointError(
             f"cannot restore {path}: {exc}: this process's arena already holds data where the "
             "checkpoint's arrays go (restore in a fresh process, before creating arena arrays)"
         ) from None
-    base = ffi.cast("char *", lib.clamor_arena_base())
-    return {off: ffi.gc(base + off, lib.clamor_arena_free) for off, _ in blocks}
+    return owners
 
 
 def _copy_into_blocks(whole: np.ndarray, blocks: list[tuple[int, int]], lo: int, data: np.ndarray) -> None:
@@ -530,10 +542,9 @@ class _BlockArrays:
     """Rebuilds ArenaRefs as writable arrays over the restored blocks, keeping each
     block's owner alive through the arrays' base."""
 
-    def __init__(self, path: str, blocks: list[tuple[int, int]], owners: dict[int, Any]) -> None:
+    def __init__(self, path: str, blocks: list[tuple[int, int]], owners: dict[int, np.ndarray]) -> None:
         self.path, self.blocks, self.owners = path, blocks, owners
         self.starts = [off for off, _ in blocks]
-        self.buffers: dict[int, np.ndarray] = {}
 
     def rebuild(self, offset: int, shape: tuple, dtype: Any, strides: tuple) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -545,11 +556,8 @@ class _BlockArrays:
                 f"{self.path}: a variable refers to arena bytes {offset}.. outside the "
                 "checkpoint's blocks (the checkpoint is inconsistent)"
             )
-        start, size = self.blocks[k]
-        buf = self.buffers.get(start)
-        if buf is None:
-            buf = self.buffers[start] = np.frombuffer(ffi.buffer(self.owners[start], size), np.uint8)
-        return np.ndarray(shape, dtype, buffer=buf, offset=offset - start, strides=strides)
+        start = self.blocks[k][0]
+        return np.ndarray(shape, dtype, buffer=self.owners[start], offset=offset - start, strides=strides)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -566,7 +574,7 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _dataset(cluster: Any, parts: list[Any]) -> Any:
+def _dataset(cluster: CheckpointHost, parts: list[Any]) -> Any:
     """A persisted dataset of ``cluster`` whose partition ``i`` is ``parts[i]`` (kept in
     the driver's partition store if large, like ``parallelize`` does)."""
     from clamor.runtime.data import plan, sources

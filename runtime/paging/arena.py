@@ -443,7 +443,7 @@ def page_span(x: Any, page_size: int) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------- checkpoints --
-# Thin wrappers used by runtime/data/checkpoint.py (see the checkpoint block of api.h).
+# What runtime/data/checkpoint.py needs of the arena (the checkpoint block of api.h).
 
 
 def live_blocks() -> list[tuple[int, int]]:
@@ -475,3 +475,17 @@ def reserve(offset: int, nbytes: int) -> None:
 def release(offset: int) -> None:
     """Free the block that starts at ``offset`` (e.g. one made by :func:`reserve`)."""
     lib.clamor_arena_free(ffi.cast("char *", lib.clamor_arena_base()) + offset)
+
+
+def adopt(offset: int, nbytes: int) -> np.ndarray:
+    """Re-create a block at ``offset`` (as :func:`reserve`) and return a writable uint8
+    array over it that owns it: the block is freed when the last array over it (views
+    included) is collected. A restored checkpoint's arrays are views of these."""
+    reserve(offset, nbytes)
+    owner = ffi.gc(ffi.cast("char *", lib.clamor_arena_base()) + offset, lib.clamor_arena_free)
+    return np.frombuffer(ffi.buffer(owner, nbytes), np.uint8)  # the buffer keeps the owner
+
+
+def exists() -> bool:
+    """Whether this process has created its arena (a worker never does)."""
+    return bool(lib.clamor_arena_exists())

@@ -284,12 +284,17 @@ class DriverPager:
 
     def read_version(self, page: int, epoch: int) -> bytes:
         """The bytes of `page` as a task of stage `epoch` reads them (from the version log if needed)."""
+        out = bytearray(self.page_size)
+        self.read_version_into(page, epoch, out)
+        return bytes(out)
+
+    def read_version_into(self, page: int, epoch: int, out: Any) -> None:
+        """:meth:`read_version` into ``out``, a writable buffer of a page (no copy made);
+        :class:`PagingError` once the pager is closed or the version is gone."""
         self._check_open()
-        out = ffi.new("uint8_t[]", self.page_size)
-        rc = lib.clamor_driver_read_version(page, epoch, out)
+        rc = lib.clamor_driver_read_version(page, epoch, ffi.from_buffer("uint8_t[]", out, require_writable=True))
         if rc < 0:
             raise PagingError(f"page {page} at epoch {epoch}: {'page out of range' if rc == -2 else 'no such version'}")
-        return ffi.buffer(out)[:]
 
 
 class WorkerPager:

@@ -61,17 +61,29 @@ class VersionKeeper:
 
     @contextlib.contextmanager
     def keep(self, epoch: int) -> Iterator[None]:
-        """Keep the page versions ``epoch`` reads while the block runs. :class:`ClamorError`
+        """Keep the page versions ``epoch`` reads while the block runs (:meth:`pin`)."""
+        self.pin(epoch)
+        try:
+            yield
+        finally:
+            self.unpin(epoch)
+
+    def pin(self, epoch: int) -> None:
+        """Keep the page versions ``epoch`` reads until :meth:`unpin`. :class:`ClamorError`
         if they are gone already: the driver wrote pages after that epoch's stage, when
         nothing pinned it."""
         self._pins[epoch] += 1  # first: a stage ending meanwhile sees the pin
         try:
             self._retain(epoch)
-            yield
-        finally:
-            self._pins[epoch] -= 1
-            if not self._pins[epoch]:
-                del self._pins[epoch]
+        except BaseException:
+            self.unpin(epoch)
+            raise
+
+    def unpin(self, epoch: int) -> None:
+        """Undo one :meth:`pin` of ``epoch``."""
+        self._pins[epoch] -= 1
+        if not self._pins[epoch]:
+            del self._pins[epoch]
 
     def pinned(self) -> list[int]:
         """The epochs pinned now, oldest first."""

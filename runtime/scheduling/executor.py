@@ -534,6 +534,21 @@ class Executor:
             self._post_and_wait(lambda s: [])
         self.stopper.wait()
 
+    def seal_epoch(self, live: Callable[[], list[int]]) -> int:
+        """Seal a new arena epoch between two stages and pin it (``versions.unpin`` when
+        done): from now on the driver's first write to a page copies its old bytes into
+        the version log, so the arena as of the epoch stays readable (a checkpoint). The
+        ``live`` workers drop the pages written since the last stage."""
+        with self._stage_lock:
+            epoch, pages = self._paging.begin_stage()
+            try:
+                if pages:
+                    self._invalidate(epoch, list(pages), live())
+            finally:
+                self._paging.end_stage()
+            self.versions.pin(epoch)  # before the next stage can end and release it
+        return epoch
+
     def _trim_versions(self, epoch: int, barrier_sent: bool, live: Callable[[], list[int]]) -> None:
         """Free the page versions no stage from here on reads (bounded version log).
 

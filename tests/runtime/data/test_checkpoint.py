@@ -59,14 +59,14 @@ def test_checkpoint_holds_the_arena_as_it_was_at_start(cluster, tmp_path):
     handle = checkpoint.start(cluster, tmp_path / "ck", {"a": a, "b": b, "z": z}, {"tripled": ds})
     a[:] = -1.0  # right after start, before the pages are written
     b[::2] = 0
-    assert checkpoint.pinned_epochs(cluster) in ([handle.epoch], [])
+    assert cluster.checkpoints.pinned() in ([handle.epoch], [])
     assert cluster.run(lambda x: float(x[:4].sum()), a) == -4.0  # stages see the new values
     a[:] = -2.0  # and again, after a newer epoch
     manifest = handle.result(timeout=120)
 
     assert handle.done() and handle.error is None
-    assert manifest["epoch"] == handle.epoch == checkpoint.latest_epoch(cluster)
-    assert checkpoint.pinned_epochs(cluster) == []
+    assert manifest["epoch"] == handle.epoch == cluster.checkpoints.latest
+    assert cluster.checkpoints.pinned() == []
     assert cluster.stats()["driver"]["cow_copies"] > copies  # the writes were copied first
     image = checkpoint_files.open_image(tmp_path / "ck")
     off = arena.arena_offset(a)
@@ -98,7 +98,7 @@ def test_checkpoint_refuses_what_it_cannot_save(cluster, tmp_path):
     with pytest.raises(CheckpointError, match="not persisted"):
         checkpoint.start(cluster, tmp_path / "x", datasets={"lazy": lazy})
     assert not os.path.exists(tmp_path / "x") and not os.path.exists(tmp_path / "x.tmp")
-    assert checkpoint.pinned_epochs() == []
+    assert cluster.checkpoints.pinned() == []
 
 
 # --- kill the driver, restore in a new one ----------------------------------------------
