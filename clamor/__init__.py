@@ -36,6 +36,7 @@ _EXPORTS = {
     "WorkerLostError": "clamor.runtime.errors",
     "DaskLauncher": "clamor.runtime.launchers.dask",
     "SSHLauncher": "clamor.runtime.launchers.ssh",
+    "SlurmLauncher": "clamor.runtime.launchers.slurm",
     "ArenaRef": "clamor.runtime.net.shipping",
     "array": "clamor.runtime.paging.arena",
     "asarray": "clamor.runtime.paging.arena",
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
         WorkerLostError,
     )
     from clamor.runtime.launchers.dask import DaskLauncher
+    from clamor.runtime.launchers.slurm import SlurmLauncher
     from clamor.runtime.launchers.ssh import SSHLauncher
     from clamor.runtime.net.shipping import ArenaRef
     from clamor.runtime.paging.arena import (
@@ -117,6 +119,7 @@ __all__ = [
     "MissingExtraError",
     "MissingPartitionError",
     "SSHLauncher",
+    "SlurmLauncher",
     "SerializationError",
     "TaskCrashedError",
     "TaskError",

@@ -37,7 +37,8 @@ from clamor.runtime.data.dataset import DatasetSources
 from clamor.runtime.data.lineage import LineageStore
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.futures import ClusterExecutor, ClusterFuture, Dispatcher
-from clamor.runtime.launchers.local import Launcher, LocalLauncher
+from clamor.runtime.launchers.base import Launcher
+from clamor.runtime.launchers.local import LocalLauncher
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import CallRunner, pack_calls, pack_task
@@ -162,7 +163,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
     ``workers``: how many (default ``os.cpu_count()``); ``host``: the address the
     scheduler and the driver's page server listen on (and local workers too).
     ``launcher``: where workers run: ``"local"`` (subprocesses here, the default) or a
-    :class:`~clamor.runtime.launchers.local.Launcher` such as ``SSHLauncher(hosts)`` or
+    :class:`~clamor.runtime.launchers.base.Launcher` such as ``SSHLauncher(hosts)`` or
     ``DaskLauncher(client)``; remote workers need ``host`` to be an address they can
     reach. ``tls``: mutual TLS with a per-cluster CA on gRPC and the page protocol
     (for multi-host clusters; the token is checked either way). Paging: ``page_size`` (default

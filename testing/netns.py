@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Self
 
 import psutil
-from clamor.runtime.launchers.local import LocalLauncher, worker_command
+from clamor.runtime.launchers.base import worker_command
+from clamor.runtime.launchers.local import LocalLauncher
 
 SUBNET = "198.51.100"
 DRIVER_ADDRESS = f"{SUBNET}.1"

@@ -43,7 +43,7 @@ from typing import Any
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.errors import MissingExtraError
 from clamor.runtime.exitcodes import EXIT_SETUP_FAILED
-from clamor.runtime.launchers.local import Launcher, worker_command
+from clamor.runtime.launchers.base import Launcher, worker_command
 
 logger = logging.getLogger("clamor.dask_launcher")
 

@@ -1,11 +1,4 @@
-"""Launchers start ``clamor-worker`` processes for a cluster.
-
-A worker is always the same command, ``clamor-worker --connect ADDR --token-file F``;
-launchers differ in where it runs: :class:`LocalLauncher` (subprocesses here,
-the default), ``ssh`` (runtime/launchers/ssh.py) and ``dask`` (runtime/launchers/dask.py).
-The cluster reserves a worker id, asks the launcher to :meth:`~Launcher.spawn` it,
-and the launcher passes a ``--launch-key`` that the worker echoes when it registers,
-so the cluster knows which reservation a registering worker fills.
+"""The local launcher: workers as subprocesses of the driver (the default).
 
 No orphans from the local launcher: workers die with :meth:`LocalLauncher.close`,
 with the interpreter (``weakref.finalize``, which also runs at exit), and with a
@@ -20,40 +13,21 @@ unreachable for a few seconds (the worker's heartbeat watchdog).
 
 from __future__ import annotations
 
-import abc
 import os
-import secrets
 import subprocess
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable
 from typing import IO
 
 import psutil
-from clamor.runtime.credentials import Credentials
-
-
-def worker_command(
-    connect: str, token_file: str, *, python: str | None = None, host: str | None = None
-) -> list[str]:
-    """The ``clamor-worker`` command line (run as ``python -m``, so no PATH is needed)."""
-    command = [
-        python or sys.executable,
-        "-m",
-        "clamor.runtime.worker.process",
-        "--connect",
-        connect,
-        "--token-file",
-        token_file,
-    ]
-    return command + (["--host", host] if host else [])
+from clamor.runtime.launchers.base import Launcher, worker_command
 
 
 def _running(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie. Asked before every stage: on Linux one
-    read of ``/proc/PID/stat`` (~15 µs; psutil takes ~100), elsewhere psutil."""
+    read of ``/proc/PID/stat`` (cheaper than psutil's process object), elsewhere psutil."""
     if sys.platform.startswith("linux"):
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
@@ -66,82 +40,6 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-class Launcher(abc.ABC):
-    """Starts and stops the worker processes of one cluster.
-
-    The cluster calls :meth:`bind` once (its scheduler address and secrets), then
-    :meth:`spawn` per reserved worker id, :meth:`claim` when a worker registers,
-    and :meth:`close` at the end. Launchers that see their processes (``local``)
-    say so with :meth:`observes`; for the others the cluster relies on heartbeats.
-    """
-
-    #: Short name shown in stats and error messages.
-    name = "launcher"
-
-    def __init__(self) -> None:
-        self.connect = ""
-        self.credentials: Credentials | None = None
-        self.host = "127.0.0.1"
-        self.log_dir: str | None = None
-        self._keys: dict[str, int] = {}  # launch key -> worker id
-
-    def bind(
-        self, connect: str, credentials: Credentials, *, host: str, log_dir: str | None
-    ) -> None:
-        """Called once by the cluster before the first :meth:`spawn`."""
-        self.connect, self.credentials, self.host, self.log_dir = connect, credentials, host, log_dir
-
-    def new_launch_key(self, worker_id: int) -> str:
-        """A fresh key for ``worker_id``'s process (passed as ``--launch-key``)."""
-        key = f"{worker_id}-{secrets.token_hex(8)}"
-        self._keys[key] = worker_id
-        return key
-
-    def claim(self, launch_key: str, pid: int) -> int | None:
-        """The worker id reserved for a registering process (``None``: not ours)."""
-        return self._keys.pop(launch_key, None) if launch_key else None
-
-    @abc.abstractmethod
-    def spawn(self, worker_id: int) -> None:
-        """Start the process that will register as ``worker_id``."""
-
-    def start(self, worker_ids: Iterable[int]) -> None:
-        """:meth:`spawn` each id."""
-        for i in worker_ids:
-            self.spawn(i)
-
-    def observes(self, worker_id: int) -> bool:
-        """Whether :meth:`alive` and :meth:`exitcode` see the worker's process itself."""
-        return False
-
-    def alive(self, worker_id: int) -> bool:
-        """Whether the worker's process may still run (``True`` when not observable)."""
-        return self.exitcode(worker_id) is None
-
-    def exitcode(self, worker_id: int) -> int | None:
-        """``None`` while running (or unknown); the exit status, ``-signal`` if killed."""
-        return None
-
-    def wait(self, worker_id: int, timeout: float | None = None) -> int | None:
-        """Wait up to ``timeout`` seconds for the worker to exit; its exit code or ``None``."""
-        return self.exitcode(worker_id)
-
-    def describe(self, worker_id: int) -> str:
-        """Where the worker runs, for messages (e.g. ``pid 123`` or ``ssh node1``)."""
-        return f"{self.name} worker {worker_id}"
-
-    def kill(self, worker_id: int, pid: int | None = None, timeout: float = 10.0) -> int | None:
-        """SIGKILL the worker's process (``pid``, as it registered); its exit code if known."""
-        raise NotImplementedError(f"the {self.name} launcher cannot kill workers")
-
-    def release_token_file(self) -> None:
-        """Remove any token file written for start-up (workers read it only then)."""
-
-    @abc.abstractmethod
-    def close(self, timeout: float = 5.0) -> None:
-        """Give workers ``timeout`` seconds to exit on their own, then stop the rest."""
 
 
 def _remove_token_file(files: dict[str, str]) -> None:

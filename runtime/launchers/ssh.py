@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO
 
 from clamor.runtime.errors import ClamorError
-from clamor.runtime.launchers.local import Launcher, worker_command
+from clamor.runtime.launchers.base import Launcher, worker_command
 
 #: ``-o`` options given to every ssh call after the caller's (the first value of an
 #: option wins in ssh, so ``ssh_options`` override these). ``ServerAlive*`` makes a
@@ -289,10 +289,6 @@ class SSHLauncher(Launcher):
     def host_of(self, worker_id: int) -> str:
         """The ssh host (as given) that ``worker_id`` was started on."""
         return self._clients[worker_id].host
-
-    def ssh_pid(self, worker_id: int) -> int:
-        """The local pid of ``worker_id``'s ssh client."""
-        return self._clients[worker_id].proc.pid
 
     def exitcode(self, worker_id: int) -> int | None:
         """``None`` while the ssh client runs; then the worker's exit status as ssh

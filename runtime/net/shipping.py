@@ -140,8 +140,8 @@ def pack_program(program: object, min_ref_bytes: int | None = None) -> bytes:
     """``dumps(program)`` for a stage, or a :class:`SerializationError` naming the culprit.
 
     The same plain function packed again, with the very same immutable inputs, gives
-    the bytes of last time (an iterative loop runs one stage program many times:
-    pickling it cost ~50-90 µs of a 1 ms stage on a 2-core VM)."""
+    the bytes of last time (an iterative loop runs one stage program many times, and
+    pickling it again would be a noticeable part of a short stage)."""
     global _last_program
     inputs = _inputs(program)
     last = _last_program

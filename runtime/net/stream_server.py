@@ -7,9 +7,8 @@ read by the server's one :class:`StreamPoller` thread (epoll), a TLS one by a th
 its own (a TLS record cannot be read without blocking from a socket other threads write).
 
 Why one poller: a thread per worker woke up for each results message and took the GIL
-from the others; on the 2-core VM, 2,000 empty tasks on 16 workers cost the driver
-~225 µs of CPU a task that way, against ~137 µs with 2 workers. The poller reads
-whatever every ready stream holds in one wake-up, and runs the results' scheduler
+from the others, so the driver's CPU per task grew with the number of workers. The
+poller reads whatever every ready stream holds in one wake-up, and runs the results' scheduler
 events (``on_results``) on its own thread, together, inside ``gather()``.
 """
 

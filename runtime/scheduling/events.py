@@ -6,8 +6,7 @@ one lock. The loop thread runs what is posted with :meth:`EventLoop.post`, so th
 poster (e.g. the notebook's main thread, which a ``KeyboardInterrupt`` may hit) never
 runs an event itself. A task stream's reader thread runs the results it posts on its
 own thread (:meth:`EventLoop.post_here`) unless another thread is running events: that
-saves waking the loop thread for every result message, ~0.1 ms per stage on a 2-core
-VM. The one thread reading every plain task stream (runtime/net/stream_server.py)
+saves waking the loop thread (a thread switch) for every result message. The one thread reading every plain task stream (runtime/net/stream_server.py)
 gathers what it read in one wake-up and runs it itself (:meth:`EventLoop.gathering`),
 waiting for a thread running events: handing its results over had that thread and the
 reader take turns with the GIL. Events queued together run as one batch (up to 1,024),

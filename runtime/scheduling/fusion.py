@@ -1,9 +1,9 @@
 """Fusing tiny tasks: a stage of many tasks, each too short to be worth an attempt of
 its own, runs them in chunks of consecutive indices, one attempt per chunk.
 
-An attempt costs the driver ~20-30 µs on 16 cores (the scheduler's bookkeeping, a
-launch and a report on the wire, telemetry), which a task of a few µs cannot hide: 10,000
-of them on 16 workers queue behind the driver. A fused attempt (``Assignment.count``)
+An attempt costs the driver tens of microseconds (the scheduler's bookkeeping, a
+launch and a report on the wire, telemetry), which a task of a few microseconds cannot
+hide: thousands of them on many workers queue behind the driver. A fused attempt (``Assignment.count``)
 runs its tasks in turn on one worker, with one read set, and reports their values as
 one list; the executor hands the caller one value per task as before.
 

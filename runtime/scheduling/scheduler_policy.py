@@ -127,9 +127,8 @@ Instruction = Launch | Cancel | TaskEnded | StageDone | StageFailed | Drop | Par
 #: (and costs more than a peer's memory).
 LOCAL_WEIGHT = {"memory": 1.0, "disk": 0.5}
 #: Bytes per second a partition moves from worker to worker, end to end (the bulk
-#: channel, runtime/storage/bulk.py: ~1.3 ms per MiB measured between two workers on loopback;
-#: gRPC streams in TLS clusters take ~10): what the model charges a task run away from
-#: its input.
+#: channel, runtime/storage/bulk.py, on one host; gRPC streams in TLS clusters are slower):
+#: what the model charges a task run away from its input.
 FETCH_RATE = 600e6
 #: The least a task is assumed to take in the fetch-cost model (a stage's median may be
 #: ~0 for trivial tasks, which would make any fetch look too dear).
@@ -157,8 +156,8 @@ class SpeculationPolicy:
     ``silence_quantile`` of the waits between a busy worker's reports, once there are
     ``silence_samples``: a high quantile of fewer is about their maximum, which may be a
     straggler's own). Where workers outnumber cores, the OS leaves each one unscheduled
-    for tens of ms, and every worker would look like a straggler of 1 ms tasks (16
-    workers on 2 cores spent 40 % more attempts on stages of empty tasks before this).
+    for tens of ms, and every worker would look like a straggler of 1 ms tasks (copies
+    of empty tasks would be launched for nothing).
     """
 
     enabled: bool = True
@@ -221,8 +220,8 @@ class SortedSample(list):
     """A sorted sample of a stage's values (durations, silences) for their median and
     quantiles. Every value is kept up to :attr:`CAP`; past it, every other one kept is
     dropped and from then on only every other new one is taken (every 4th after the
-    next halving, ...). So adding stays O(CAP) instead of O(results): bisect.insort into
-    all of 100,000 results cost ~12 µs each. Deterministic, as the scheduler must be."""
+    next halving, ...). So adding stays O(CAP) instead of O(results), which bisect.insort
+    into all the results would cost. Deterministic, as the scheduler must be."""
 
     CAP = 4096
 

@@ -118,7 +118,9 @@ def test_the_hub_config_refuses_a_root_pool_and_bad_ports(
 
 
 def test_the_shell_scripts_are_valid_bash() -> None:
-    for script in DEPLOY.rglob("*.sbatch"):
+    scripts = [*DEPLOY.rglob("*.sbatch"), *(DEPLOY.parent / "runtime" / "launchers").glob("*.sbatch")]
+    assert scripts
+    for script in scripts:
         done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True,
                               check=False)  # fmt: skip
         assert done.returncode == 0, f"{script}: {done.stderr}"

@@ -1,4 +1,5 @@
-"""The Slurm recipe (deploy/slurm/): the batch script and SlurmLauncher start real workers.
+"""The Slurm launcher (runtime/launchers/slurm.py): the batch script and SlurmLauncher start
+real workers.
 
 There is no Slurm here, so ``sbatch``, ``srun``, ``squeue`` and ``scancel`` are small
 stand-ins on PATH that do what Slurm does for one node: ``sbatch`` runs the batch
@@ -25,9 +26,7 @@ from clamor.runtime.cluster import Cluster
 
 import clamor
 
-SLURM = Path(__file__).resolve().parents[2] / "deploy" / "slurm"
-sys.path.insert(0, str(SLURM))
-from slurm_launcher import SCRIPT, SlurmLauncher
+from clamor.runtime.launchers.slurm import SCRIPT, SlurmLauncher
 
 SBATCH = f"""#!{sys.executable}
 # stand-in for sbatch: run the script in the background as job N, print N (--parsable)

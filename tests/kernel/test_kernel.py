@@ -1,4 +1,4 @@
-"""The Clamor kernel (DESIGN 7): its parts in-process, then its lifecycle through jupyter_client.
+"""The Clamor kernel (docs/user-guide.md, "The Clamor kernel"): its parts in-process, then its lifecycle through jupyter_client.
 
 Lifecycle checks run real kernels from the installed "clamor" kernelspec and look
 at their worker processes with psutil: none while idle, N after the first use,

@@ -1,4 +1,4 @@
-"""The %clamor / %%clamor magics through a real IPython shell (DESIGN 7).
+"""The %clamor / %%clamor magics through a real IPython shell (docs/user-guide.md, "In a notebook").
 
 One cluster for the module, started and stopped through the magics (one paging
 cluster per process). Output is what the user sees: stdout and stderr of

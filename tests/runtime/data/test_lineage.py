@@ -1,5 +1,5 @@
-"""Lineage of partitions (DESIGN 6): what is recorded, the graph widgets draw, the
-version floor, and recovery of lost partitions on the in-process runner.
+"""Lineage of partitions (runtime/data/lineage.py; docs/user-guide.md, "Failures"): what is
+recorded, the graph widgets draw, the version floor, and recovery of lost partitions on the in-process runner.
 
 ``InlineRunner.lose(worker)`` forgets a simulated worker's partitions; a runner
 subclass injects losses between or during stages. Real processes and SIGKILL are

@@ -1,4 +1,4 @@
-"""Recovery of lost work on a real cluster (DESIGN 6): worker processes SIGKILLed
+"""Recovery of lost work on a real cluster (docs/user-guide.md, "Failures"): worker processes SIGKILLed
 (``cluster.kill_worker``) between or during stages; every result stays exact.
 
 Lost persisted partitions and shuffle buckets are recomputed from lineage, reading

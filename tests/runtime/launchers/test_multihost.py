@@ -1,4 +1,4 @@
-"""Multi-host clusters through the ssh launcher, on simulated hosts (DESIGN 3, 5, 6).
+"""Multi-host clusters through the ssh launcher, on simulated hosts (docs/deployment.md, "SSH").
 
 Two network namespaces joined by a bridge (clamor.testing.netns, testing/netns.py) play two machines,
 each with its own sshd; the driver listens on the bridge (198.51.100.1) and starts

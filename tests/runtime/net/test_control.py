@@ -26,7 +26,8 @@ from clamor.runtime.errors import (
     WorkerLostError,
 )
 from clamor.runtime.exitcodes import EXIT_DRIVER_UNREACHABLE
-from clamor.runtime.launchers.local import LocalLauncher, worker_command
+from clamor.runtime.launchers.base import worker_command
+from clamor.runtime.launchers.local import LocalLauncher
 from clamor.runtime.net import transport
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc

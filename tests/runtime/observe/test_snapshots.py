@@ -1,4 +1,4 @@
-"""Snapshots of a real cluster (runtime/observe/snapshots.py): what the views read (DESIGN 8).
+"""Snapshots of a real cluster (runtime/observe/snapshots.py): what the views read (docs/user-guide.md, "Live views").
 
 A snapshot calls no worker; its page counters are the driver pager's, its task bars
 and events the driver's telemetry. The publisher builds them a few times a second

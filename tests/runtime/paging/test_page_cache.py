@@ -1,4 +1,4 @@
-"""A worker's page cache stays within its memory budget (DESIGN 5, "Memory budgets").
+"""A worker's page cache stays within its memory budget (``worker_memory``, docs/user-guide.md).
 
 Half of ``worker_memory`` is the worker's cache of arena pages. Beyond it the
 native pager evicts pages with CLOCK (second chance) and tells the driver, so

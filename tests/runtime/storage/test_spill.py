@@ -1,4 +1,4 @@
-"""Persisted partitions beyond a worker's budget (DESIGN 5, R3S), on a real cluster.
+"""Persisted partitions beyond a worker's budget (R3S; the `spill` option of docs/user-guide.md), on a real cluster.
 
 Each worker's ``worker_memory`` is split between cached arena pages and the partitions
 it keeps (on the driver's host, where pages are mapped in place, the cache gets 1/8). Beyond that, partitions spill: to the peer with the most free

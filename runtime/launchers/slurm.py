@@ -1,10 +1,9 @@
 """Clamor workers as a Slurm job, started from the notebook (deploy/slurm/README.md).
 
-    import sys; sys.path.insert(0, "/opt/clamor/deploy/slurm")    # this folder
-    from slurm_launcher import SlurmLauncher
+    import clamor
     from clamor.kernel import session
 
-    session.start(16, launcher=SlurmLauncher(["--partition=cpu", "--ntasks-per-node=8"]),
+    session.start(16, launcher=clamor.SlurmLauncher(["--partition=cpu", "--ntasks-per-node=8"]),
                   host="10.1.0.5", tls=True, timeout=900)   # `cluster` is this one now
 
 :meth:`SlurmLauncher.start` writes the cluster's credentials to a 0600 file in your
@@ -35,9 +34,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from clamor.runtime.errors import ClamorError
-from clamor.runtime.launchers.local import Launcher
+from clamor.runtime.launchers.base import Launcher
 
-#: The batch script submitted for each group of workers.
+#: The batch script submitted for each group of workers (shipped with the package; a copy
+#: of your own may be given as ``script=``).
 SCRIPT = Path(__file__).resolve().with_name("clamor-workers.sbatch")
 
 
