@@ -29,10 +29,12 @@ SOURCES = [
     "write_tracking.c",
     "worker_base.c",
     "worker_cache.c",
-    "worker_pager.c",
+    "worker_conn.c",
     "worker_read_sets.c",
+    "worker_mappings.c",
     "worker_fetch.c",
     "worker_pending.c",
+    "worker_pager.c",
     "tls.c",
 ]
 
