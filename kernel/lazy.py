@@ -67,7 +67,7 @@ class LazyCluster:
         )
 
 
-def resolve(cluster: Any) -> Cluster:
+def resolve(cluster: Cluster | LazyCluster | None) -> Cluster:
     """The cluster a view shows: the session's for ``None`` (started if need be), the
     real one behind a :class:`LazyCluster`, else ``cluster`` itself."""
     if cluster is None:

@@ -12,10 +12,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clamor.runtime.observe import cluster_registry
 from clamor.runtime.paging import arena_names
+
+if TYPE_CHECKING:
+    from clamor.runtime.cluster import Cluster
 
 logger = logging.getLogger("clamor.kernel.registration")
 
@@ -39,7 +42,7 @@ def kernel_id() -> str | None:
     return None
 
 
-def publish(cluster: Any, kernel: str | None = None,
+def publish(cluster: Cluster, kernel: str | None = None,
             directory: str | os.PathLike | None = None) -> Path | None:  # fmt: skip
     """Register ``cluster`` for this kernel (``kernel``: its id, default :func:`kernel_id`);
     the entry's path, or None outside a server's kernel or when it cannot be written."""
@@ -51,7 +54,7 @@ def publish(cluster: Any, kernel: str | None = None,
     return cluster_registry.publish(cluster, kernel, directory)
 
 
-def name_variables(cluster: Any) -> None:
+def name_variables(cluster: Cluster) -> None:
     """Name arena pages after the notebook's variables, so the server's page listing says
     which array a page belongs to (the widgets do the same when shown)."""
     try:

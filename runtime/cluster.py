@@ -557,6 +557,12 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
 
     # --- lifetime ---
 
+    @property
+    def credentials(self) -> Credentials:
+        """Its secrets (the token; with TLS, its CA and keys): what a worker or an observer
+        (the notebook server's dashboard) needs to talk to it."""
+        return self._credentials
+
     def _check_open(self) -> None:
         if self._closed:
             raise ClamorError("the cluster is closed")

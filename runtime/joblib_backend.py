@@ -16,10 +16,11 @@ in: no copy of ``X`` per task, as joblib's own memmapping does for loky. Registe
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from clamor.runtime.errors import ClamorError
@@ -27,12 +28,23 @@ from clamor.runtime.errors import ClamorError
 #: Arguments at least this large are put in the arena once, not pickled into each batch.
 MIN_SHARED_BYTES = 1 << 20
 
+
+
+class FuturesCluster(Protocol):
+    """What the backend uses of a cluster (``Cluster`` is one)."""
+
+    @property
+    def workers(self) -> list[int]: ...
+
+    def submit(self, fn: Callable, *args: Any, **kwargs: Any) -> concurrent.futures.Future: ...
+
+
 _registered = False
 #: The clusters open in this process (set by :func:`register`: the cluster module's).
-_open_clusters: Callable[[], list[Any]] = list
+_open_clusters: Callable[[], list[FuturesCluster]] = list
 
 
-def register(open_clusters: Callable[[], list[Any]]) -> None:
+def register(open_clusters: Callable[[], list[FuturesCluster]]) -> None:
     """Register the ``"clamor"`` joblib backend (once; nothing without joblib), whose
     default cluster is the one of ``open_clusters()``."""
     global _registered, _open_clusters
@@ -56,13 +68,13 @@ def _backend_class() -> type:
         supports_retrieve_callback = True
         default_n_jobs = -1
 
-        def __init__(self, cluster: Any = None, nesting_level: int | None = None, **kwargs: Any) -> None:
+        def __init__(self, cluster: FuturesCluster | None = None, nesting_level: int | None = None, **kwargs: Any) -> None:
             super().__init__(nesting_level=nesting_level, **kwargs)
             self.cluster = cluster
             self._shared: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id -> (original, arena copy)
             self._futures: weakref.WeakSet = weakref.WeakSet()  # submitted, for abort_everything
 
-        def _cluster(self) -> Any:
+        def _cluster(self) -> FuturesCluster:
             if self.cluster is not None:
                 return self.cluster
             clusters = _open_clusters()

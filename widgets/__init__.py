@@ -18,11 +18,15 @@ static PNG.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clamor.runtime.errors import VIEW_PACKAGES, require_extra
 from clamor.runtime.paging import arena, arena_names
 from clamor.widgets.live import LiveView, close_all
+
+if TYPE_CHECKING:
+    from clamor.runtime.cluster import Cluster
+    from clamor.runtime.data.dataset import Dataset
 
 # The views draw with these (imported where used); without them, say which extra has them.
 require_extra("the live views (clamor.widgets)", VIEW_PACKAGES)
@@ -30,18 +34,18 @@ require_extra("the live views (clamor.widgets)", VIEW_PACKAGES)
 __all__ = ["LiveView", "close_all", "dashboard", "heatmap", "lineage", "load_bokehjs", "replication", "timeline"]
 
 
-def _given(cluster: Any) -> Any:
+def _given(cluster: Cluster | None) -> Cluster:
     if cluster is None:
         raise ValueError("no cluster given: pass one (clamor.widgets.dashboard(cluster)), or use "
                          "the views in the Clamor kernel or after %load_ext clamor")  # fmt: skip
     return cluster
 
 
-_resolve: Callable[[Any], Any] = _given
+_resolve: Callable[[Cluster | None], Cluster] = _given
 _in_notebook: Callable[[], bool] = lambda: False
 
 
-def attach(resolve: Callable[[Any], Any], in_notebook: Callable[[], bool]) -> None:
+def attach(resolve: Callable[[Cluster | None], Cluster], in_notebook: Callable[[], bool]) -> None:
     """Called by the kernel's side when it loads the views (clamor.kernel.magics.views):
     ``resolve(cluster)`` gives the cluster to show for ``None`` (the session's) or for a
     stand-in (the kernel's lazy ``cluster``); ``in_notebook()`` says whether output goes to
@@ -50,7 +54,7 @@ def attach(resolve: Callable[[Any], Any], in_notebook: Callable[[], bool]) -> No
     _resolve, _in_notebook = resolve, in_notebook
 
 
-def _cluster(cluster: Any) -> Any:
+def _cluster(cluster: Cluster | None) -> Cluster:
     """The cluster to show: ``cluster`` itself, or as the kernel resolves it (:func:`attach`)."""
     return _resolve(cluster)
 
@@ -117,13 +121,13 @@ def _load_bokehjs() -> None:
         _bokehjs_loaded = True
 
 
-def _show(view: Any, cluster: Any, live: bool) -> LiveView:
+def _show(view: Any, cluster: Cluster | None, live: bool) -> LiveView:
     arena_names.name_after_notebook(cluster)
     _load_bokehjs()
     return LiveView(view, cluster, live=live)
 
 
-def heatmap(cluster: Any = None, var: Any = None, *, name: str | None = None,
+def heatmap(cluster: Cluster | None = None, var: Any = None, *, name: str | None = None,
             span: tuple[int, int] | None = None, live: bool = True) -> LiveView:  # fmt: skip
     """The page heatmap of the arena array ``var`` (``name``: its label; or the pages
     ``span``), or of the whole arena."""
@@ -135,21 +139,21 @@ def heatmap(cluster: Any = None, var: Any = None, *, name: str | None = None,
     return _show(PageHeatmap(variable=name, span=span), cluster, live)
 
 
-def replication(cluster: Any = None, *, live: bool = True) -> LiveView:
+def replication(cluster: Cluster | None = None, *, live: bool = True) -> LiveView:
     """Bytes served by the driver vs by peers over time, and holders per page."""
     from clamor.widgets.replication_view import ReplicationView
 
     return _show(ReplicationView(), _cluster(cluster), live)
 
 
-def timeline(cluster: Any = None, *, live: bool = True) -> LiveView:
+def timeline(cluster: Cluster | None = None, *, live: bool = True) -> LiveView:
     """Per-worker task bars with failures, recomputation and speculative copies marked."""
     from clamor.widgets.timeline_view import TimelineView
 
     return _show(TimelineView(), _cluster(cluster), live)
 
 
-def lineage(ds: Any = None, cluster: Any = None, *, live: bool = True) -> LiveView:
+def lineage(ds: Dataset | None = None, cluster: Cluster | None = None, *, live: bool = True) -> LiveView:
     """The lineage graph of dataset ``ds`` (or of every persisted dataset)."""
     from clamor.widgets.lineage_view import LineageView
 
@@ -159,7 +163,7 @@ def lineage(ds: Any = None, cluster: Any = None, *, live: bool = True) -> LiveVi
     return _show(LineageView(), _cluster(cluster), live)
 
 
-def dashboard(cluster: Any = None, ds: Any = None, *, var: Any = None, name: str | None = None,
+def dashboard(cluster: Cluster | None = None, ds: Dataset | None = None, *, var: Any = None, name: str | None = None,
               live: bool = True) -> LiveView:  # fmt: skip
     """Status, heatmap, replication, timeline and lineage together."""
     from clamor.widgets.dashboard_view import Dashboard

@@ -18,10 +18,13 @@ import functools
 import logging
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clamor.runtime.observe.snapshots import ClusterSnapshot
 from clamor.widgets.base import View
+
+if TYPE_CHECKING:
+    from clamor.runtime.cluster import Cluster
 
 logger = logging.getLogger("clamor.widgets")
 
@@ -35,7 +38,7 @@ class LiveView:
     ``static``: also put a PNG into the display bundle (the nbconvert fallback).
     """
 
-    def __init__(self, view: View, cluster: Any, *, live: bool = True, static: bool = True) -> None:
+    def __init__(self, view: View, cluster: Cluster, *, live: bool = True, static: bool = True) -> None:
         self.view = view
         self.static = static
         self._cluster = weakref.ref(cluster)

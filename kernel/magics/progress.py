@@ -22,10 +22,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clamor.kernel import session
 from clamor.runtime.paging.arena import format_bytes
+
+if TYPE_CHECKING:
+    from clamor.runtime.cluster import Cluster
 
 __all__ = ["ProgressBar", "in_notebook", "progress", "watch_cells"]
 
@@ -49,7 +52,7 @@ def in_notebook() -> bool:
     return isinstance(shell, ZMQInteractiveShell)
 
 
-def snapshot(cluster: Any) -> dict:
+def snapshot(cluster: Cluster) -> dict:
     """The scheduler's snapshot: without calling the workers when the cluster allows."""
     if hasattr(cluster, "scheduler_snapshot"):
         return cluster.scheduler_snapshot()
@@ -61,7 +64,7 @@ class ProgressBar:
 
     WIDTH = 30
 
-    def __init__(self, cluster: Any, *, notebook: bool | None = None, out: Any = None) -> None:
+    def __init__(self, cluster: Cluster, *, notebook: bool | None = None, out: Any = None) -> None:
         self.cluster = cluster
         self.notebook = in_notebook() if notebook is None else notebook
         self.out = out
@@ -176,7 +179,7 @@ class ProgressBar:
         self.shown = True
 
 
-def _paged(cluster: Any) -> int:
+def _paged(cluster: Cluster) -> int:
     """Bytes the workers read from the arena so far (0 without a pager's counters)."""
     try:
         stats = cluster.paging.stats()
@@ -229,7 +232,7 @@ class _Runner:
 
 @contextlib.contextmanager
 def progress(
-    cluster: Any = None, *, delay: float | None = None, interval: float = 0.25,
+    cluster: Cluster | None = None, *, delay: float | None = None, interval: float = 0.25,
     enabled: bool | None = None, notebook: bool | None = None, out: Any = None,
     quiet: bool = False,
 ) -> Iterator[ProgressBar | None]:  # fmt: skip

@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 from clamor.runtime.credentials import Credentials
@@ -73,11 +73,24 @@ def entry_path(kernel: str, directory: str | os.PathLike | None = None) -> Path:
 
 # --- the kernel's side ---
 
+class Registered(Protocol):
+    """What the registry reads of a cluster (``Cluster`` is one)."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def credentials(self) -> Credentials: ...
+
+    @property
+    def workers(self) -> list[int]: ...
+
+
 _lock = threading.Lock()
 _published: dict[int, tuple[weakref.ref, Path, weakref.finalize]] = {}
 
 
-def publish(cluster: Any, kernel: str, directory: str | os.PathLike | None = None) -> Path | None:
+def publish(cluster: Registered, kernel: str, directory: str | os.PathLike | None = None) -> Path | None:
     """Register ``cluster`` for kernel ``kernel`` (its id); the entry's path, or None when it
     cannot be written. The kernel side (clamor.kernel.registration) finds the id."""
     path = entry_path(kernel, directory)
@@ -86,7 +99,7 @@ def publish(cluster: Any, kernel: str, directory: str | os.PathLike | None = Non
         "kernel_id": kernel,
         "pid": os.getpid(),
         "address": cluster.address,
-        "credentials": cluster._credentials.serialize(),
+        "credentials": cluster.credentials.serialize(),
         "workers": len(getattr(cluster, "workers", ()) or ()),
         "created": time.time(),
     }
@@ -112,7 +125,7 @@ def published() -> list[Any]:
         return [c for ref, _, _ in _published.values() if (c := ref()) is not None]
 
 
-def withdraw(cluster: Any = None) -> None:
+def withdraw(cluster: Registered | None = None) -> None:
     """Remove ``cluster``'s entry (every entry this process wrote when ``cluster`` is None)."""
     with _lock:
         keys = list(_published) if cluster is None else [id(cluster)]

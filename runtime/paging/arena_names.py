@@ -9,7 +9,7 @@ the arrays inside objects one level down, such as an sklearn ``KDTree``'s
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from clamor.runtime.paging import arena
@@ -63,7 +63,21 @@ def namer(namespace: Mapping[str, Any], page_size: int) -> Callable[[], dict[str
     return lambda: variable_spans(namespace, page_size)
 
 
-def name_after_notebook(cluster: Any) -> None:
+class _Named(Protocol):
+    variables: Callable[[], dict[str, tuple[int, int]]] | None
+
+
+class NamedCluster(Protocol):
+    """What :func:`name_after_notebook` reads of a cluster (``Cluster`` is one)."""
+
+    @property
+    def publisher(self) -> _Named: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+
+def name_after_notebook(cluster: NamedCluster) -> None:
     """In IPython, have ``cluster``'s snapshots name arena pages after the user's variables
     (unless something named them already); elsewhere nothing."""
     if cluster.publisher.variables is not None:
