@@ -5,11 +5,12 @@ snapshots for the views. Read-only: nothing here changes the cluster.
 
 from __future__ import annotations
 
-import pickle
+import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from clamor.runtime.net.messages import worker_stats
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.observe import html, snapshots
 from clamor.runtime.paging import arena
@@ -66,7 +67,7 @@ class ClusterInspection:
             }
             if future is not None:
                 try:
-                    entry.update(pickle.loads(future.result().stats))
+                    entry.update(worker_stats(future.result().stats))
                 except grpc.RpcError as exc:
                     entry["error"] = f"{exc.code().name}: {exc.details()}"
                 entry.update(id=worker.id, pid=worker.pid, host=worker.host)
@@ -170,5 +171,6 @@ class ClusterInspection:
         return self._workers[worker_id].pid
 
     def worker_info(self, worker_id: int) -> dict:
-        """What the worker's pager announced: ``host``, ``page_port``, ``shm``."""
-        return dict(self._workers[worker_id].info)
+        """What the worker's pager announced (:class:`~clamor.runtime.paging.paging_api.PagingInfo`
+        as a dict): ``host``, ``page_port``, ``shm``, ``zero_copy``, ``tls``, ``cache_limit_pages``."""
+        return dataclasses.asdict(self._workers[worker_id].info)

@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import pickle
 import threading
 import time
 import weakref
 
-import cloudpickle
 import grpc
 from clamor.runtime.errors import ClamorError, WorkerLostError
 from clamor.runtime.exitcodes import describe_exit, process_runs
-from clamor.runtime.net.messages import decode_key
+from clamor.runtime.net.messages import (
+    decode_key,
+    paging_config_message,
+    spill_message,
+    worker_info,
+)
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
-from clamor.runtime.net.transport import PROTOCOL_VERSION, connect, format_address
+from clamor.runtime.net.transport import connect, format_address
 from clamor.runtime.paging.pager import MAX_WORKERS, WORKER_LIMIT_REASON
+from clamor.runtime.paging.paging_api import PagingInfo
 
 logger = logging.getLogger("clamor.cluster")
 
@@ -52,7 +56,7 @@ class Worker:
     ending: bool = False
     #: Set once the pager and the executor know it is lost (later callers wait for it).
     lost_told: threading.Event = dataclasses.field(default_factory=threading.Event)
-    info: dict = dataclasses.field(default_factory=dict)  # its WorkerPaging.info()
+    info: PagingInfo = dataclasses.field(default_factory=PagingInfo)  # its WorkerPaging.info()
     last_heartbeat: float = dataclasses.field(default_factory=time.monotonic)
 
 
@@ -72,7 +76,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return self._get(context)._on_register(request)
 
     def Ready(self, request, context):
-        self._get(context)._on_ready(request.worker_id, pickle.loads(request.info))
+        self._get(context)._on_ready(request.worker_id, request.info)
         return pb.ReadyReply()
 
     def Heartbeat(self, request, context):
@@ -130,21 +134,15 @@ class ClusterWorkers:
             if worker_id is None:
                 worker_id, self._next_id = self._next_id, self._next_id + 1
         paging = self._paging.worker_config(worker_id, request.host)
-        if "shm_zap_path" in paging:  # maps the driver's pages in place: a small page cache
+        if paging.shm_zap_path:  # maps the driver's pages in place: a small page cache
             self.budgets.zero_copy.add(worker_id)
         budget = self.budgets.of(worker_id)
-        config = {
-            "worker_id": worker_id,
-            "protocol": PROTOCOL_VERSION,
-            "memory_budget": budget.total,
-            "zero_copy": budget.zero_copy,
-            "page_cache_bytes": budget.page_cache,
-            "spill": self.spill,
-            "spill_dir": self._spill_dir,
-            "task_stream_port": self._streams.port,
-            "task_stream_unix": self._streams.unix_name,
-            **paging,
-        }
+        config = pb.WorkerConfig(
+            memory_budget=budget.total, zero_copy=budget.zero_copy, spill=spill_message(self.spill),
+            spill_dir=self._spill_dir, task_stream_port=self._streams.port,
+            task_stream_unix=self._streams.unix_name,
+            paging=paging_config_message(dataclasses.replace(paging, page_cache_bytes=budget.page_cache)),
+        )  # fmt: skip
         channel = connect(request.address, self._token, tls=self._credentials.tls)
         worker = Worker(
             worker_id,
@@ -160,11 +158,11 @@ class ClusterWorkers:
             self._workers[worker_id] = worker
             self._cond.notify_all()
         logger.info("worker %d registered: pid %d at %s", worker_id, request.pid, request.address)
-        return pb.RegisterReply(worker_id=worker_id, config=cloudpickle.dumps(config))
+        return pb.RegisterReply(worker_id=worker_id, config=config)
 
-    def _on_ready(self, worker_id: int, info: dict) -> None:
-        """``info``: what its pager announced, and the port of its bulk server (if any)."""
-        bulk_port = info.pop("bulk_port", None)
+    def _on_ready(self, worker_id: int, message: pb.WorkerInfo) -> None:
+        """``message``: what its pager announced, and the port of its bulk server (if any)."""
+        info, bulk_port = worker_info(message)
         self._paging.worker_ready(worker_id, info)
         worker = self._workers[worker_id]
         bulk = format_address(worker.host, bulk_port) if bulk_port else ""

@@ -18,6 +18,7 @@ from clamor.runtime.credentials import TLSMaterial
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.paging import arena, read_sets
 from clamor.runtime.paging.native import _native
+from clamor.runtime.paging.paging_api import PagingConfig, PagingInfo, PagingKind
 
 ffi, lib = _native.ffi, _native.lib
 
@@ -128,32 +129,27 @@ class DriverPager:
         self._final_stats: dict | None = None
 
     # -- DriverPaging -----------------------------------------------------
-    def worker_config(self, worker_id: int, host: str) -> dict:
+    def worker_config(self, worker_id: int, host: str) -> PagingConfig:
         if not 0 <= worker_id < MAX_WORKERS:
             raise PagingError(f"worker id {worker_id} is past the limit: {WORKER_LIMIT_REASON}")
-        config = {
-            "paging_factory": "clamor.runtime.paging.pager:WorkerPager",
-            "arena_size": self.arena_size,
-            "page_size": self.page_size,
-            "driver_host": self.host,
-            "driver_page_port": self.port,
-            "bind_host": host,
-            "readahead": self.readahead,
-            "read_sets": self.read_sets,
-        }
-        if self.tls is not None:  # the config travels over the (then TLS) control plane
-            config["page_tls"] = self.tls.to_json()
+        shm = {}
         if self.transport in ("shm", "shm-copy") or (self.transport == "auto" and _is_local(host)):
             pid = os.getpid()
-            config["shm_arena_path"] = f"/proc/{pid}/fd/{lib.clamor_arena_fd()}"
-            config["shm_state_path"] = f"/proc/{pid}/fd/{lib.clamor_driver_state_fd()}"
+            shm["shm_arena_path"] = f"/proc/{pid}/fd/{lib.clamor_arena_fd()}"
+            shm["shm_state_path"] = f"/proc/{pid}/fd/{lib.clamor_driver_state_fd()}"
             if self.transport != "shm-copy":  # map the arena's pages instead of copying them
-                config["shm_zap_path"] = f"/proc/{pid}/fd/{lib.clamor_driver_zap_fd()}"
-        return config
+                shm["shm_zap_path"] = f"/proc/{pid}/fd/{lib.clamor_driver_zap_fd()}"
+        return PagingConfig(
+            kind=PagingKind.ARENA, arena_size=self.arena_size, page_size=self.page_size,
+            driver_host=self.host, driver_page_port=self.port, bind_host=host,
+            readahead=self.readahead, read_sets=self.read_sets,
+            tls=self.tls,  # the config travels over the (then TLS) control plane
+            **shm,
+        )  # fmt: skip
 
-    def worker_ready(self, worker_id: int, info: dict) -> None:
-        if lib.clamor_driver_set_peer(worker_id, info["host"].encode(), int(info["page_port"])):
-            raise PagingError(f"worker {worker_id}: bad page server address {info['host']}:{info['page_port']}")
+    def worker_ready(self, worker_id: int, info: PagingInfo) -> None:
+        if lib.clamor_driver_set_peer(worker_id, info.host.encode(), int(info.page_port)):
+            raise PagingError(f"worker {worker_id}: bad page server address {info.host}:{info.page_port}")
 
     def begin_stage(self) -> tuple[int, list[int]]:
         self._check_open()
@@ -300,25 +296,25 @@ class DriverPager:
 class WorkerPager:
     """A worker's pager: the read-only arena range, its fault handler and page server."""
 
-    def __init__(self, worker_id: int, config: dict) -> None:
+    def __init__(self, worker_id: int, config: PagingConfig, token: bytes) -> None:
+        """``token``: the cluster token, the worker's own (the driver never sends it)."""
         global _worker_pager
         if _worker_pager is not None:
             raise PagingError("this process already has a worker pager")
         self.worker_id = worker_id
-        self.page_size = int(config["page_size"])
-        self.arena_size = int(config["arena_size"])
-        self.bind_host = config.get("bind_host", "127.0.0.1")
-        token = bytes.fromhex(config["page_token"])  # the worker's own (never sent: runtime/worker/process.py)
-        tls = TLSMaterial.from_json(config["page_tls"]) if config.get("page_tls") else None
+        self.page_size = int(config.page_size)
+        self.arena_size = int(config.arena_size)
+        self.bind_host = config.bind_host
+        tls = config.tls
         pem, _keep = _tls_pem(tls)
         err = ffi.new("char[]", _ERRLEN)
-        shm_arena = (config.get("shm_arena_path") or "").encode()
-        shm_state = (config.get("shm_state_path") or "").encode()
-        shm_zap = (config.get("shm_zap_path") or "").encode()
+        shm_arena = config.shm_arena_path.encode()
+        shm_state = config.shm_state_path.encode()
+        shm_zap = config.shm_zap_path.encode()
         port = lib.clamor_worker_start(
             worker_id, self.arena_size, self.page_size, token, len(token),
-            config["driver_host"].encode(), int(config["driver_page_port"]),
-            shm_arena, shm_state, shm_zap, self.bind_host.encode(), int(bool(config.get("readahead", True))),
+            config.driver_host.encode(), int(config.driver_page_port),
+            shm_arena, shm_state, shm_zap, self.bind_host.encode(), int(bool(config.readahead)),
             pem, err, _ERRLEN,
         )  # fmt: skip
         if port < 0:
@@ -327,9 +323,9 @@ class WorkerPager:
         self.uses_shm = bool(shm_arena)
         self.zero_copy = bool(shm_zap)
         self.tls = tls is not None
-        self.cache_limit_pages = cache_limit_pages(int(config.get("page_cache_bytes") or 0), self.page_size)
+        self.cache_limit_pages = cache_limit_pages(int(config.page_cache_bytes), self.page_size)
         lib.clamor_worker_set_cache_limit(self.cache_limit_pages)
-        lib.clamor_worker_set_exact_read_sets(int(config.get("read_sets", "resident") == "exact"))
+        lib.clamor_worker_set_exact_read_sets(int(config.read_sets == "exact"))
         self._read_set: tuple[int, bytes] = (0, b"")  # (generation, runs) of the last end_task
         base = lib.clamor_worker_base()
         view = np.frombuffer(ffi.buffer(base, self.arena_size), dtype=np.uint8)
@@ -337,15 +333,9 @@ class WorkerPager:
         self._bytes = view
         _worker_pager = self
 
-    def info(self) -> dict:
-        return {
-            "host": self.bind_host,
-            "page_port": self.port,
-            "shm": self.uses_shm,
-            "zero_copy": self.zero_copy,
-            "tls": self.tls,
-            "cache_limit_pages": self.cache_limit_pages,
-        }
+    def info(self) -> PagingInfo:
+        return PagingInfo(host=self.bind_host, page_port=self.port, shm=self.uses_shm,
+                          zero_copy=self.zero_copy, tls=self.tls, cache_limit_pages=self.cache_limit_pages)  # fmt: skip
 
     def begin_task(self, epoch: int) -> None:
         lib.clamor_worker_begin_task(epoch)

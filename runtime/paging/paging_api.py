@@ -17,18 +17,71 @@ Stage protocol, as run by :meth:`clamor.runtime.cluster.Cluster.run_stage`::
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
+import dataclasses
+import enum
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from clamor.runtime.credentials import TLSMaterial
+
+
+class PagingKind(enum.IntEnum):
+    """Which :class:`WorkerPaging` a worker builds. The worker resolves it through a
+    fixed table of its own (runtime/worker/process.py): the driver chooses among these
+    and never names code for the worker to import."""
+
+    NONE = 0  #: no shared arena: :class:`NullWorkerPaging`
+    ARENA = 1  #: the native pager (runtime/paging/pager.py's ``WorkerPager``)
+
+
+@dataclasses.dataclass(frozen=True)
+class PagingConfig:
+    """What a worker needs to build its paging (:meth:`DriverPaging.worker_config`); it
+    travels as the typed ``WorkerConfig.paging`` message (runtime/net/messages.py).
+
+    ``driver_host`` / ``driver_page_port``: the driver's page server; ``bind_host``:
+    where the worker serves pages to peers; ``read_sets``: ``"resident"`` or
+    ``"exact"``; ``tls``: for the page protocol (``None``: plain TCP); the ``shm_*``
+    paths: on the driver's host, ``/proc`` paths of the driver's arena, page state and
+    zero-copy mapping (``""``: none); ``page_cache_bytes``: the page-cache budget (0: no
+    limit), which the driver fills in from the worker's memory budget.
+    """
+
+    kind: PagingKind = PagingKind.NONE
+    arena_size: int = 0
+    page_size: int = 0
+    driver_host: str = ""
+    driver_page_port: int = 0
+    bind_host: str = "127.0.0.1"
+    readahead: bool = True
+    read_sets: str = "resident"
+    tls: TLSMaterial | None = None
+    shm_arena_path: str = ""
+    shm_state_path: str = ""
+    shm_zap_path: str = ""
+    page_cache_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PagingInfo:
+    """What a worker's paging announces once built (:meth:`WorkerPaging.info`): where its
+    page server listens, whether it reads the driver's arena through shared memory
+    (``shm``) and maps it in place (``zero_copy``), whether pages travel over TLS, and
+    its page-cache limit in pages."""
+
+    host: str = ""
+    page_port: int = 0
+    shm: bool = False
+    zero_copy: bool = False
+    tls: bool = False
+    cache_limit_pages: int = 0
 
 
 @runtime_checkable
 class WorkerPaging(Protocol):
     """Worker side of the pager. ``stats`` may be called while a task runs."""
 
-    def info(self) -> dict:
+    def info(self) -> PagingInfo:
         """Sent to the driver once at start-up (``DriverPaging.worker_ready``)."""
         ...
 
@@ -45,8 +98,9 @@ class WorkerPaging(Protocol):
         """Drop cached copies of ``pages``: the driver wrote them before ``epoch``."""
         ...
 
-    def stats(self) -> dict:
-        """Counters merged into the worker's stats (e.g. ``cached_pages``, ``faults``)."""
+    def stats(self) -> dict[str, int]:
+        """Counters merged into the worker's stats (e.g. ``cached_pages``, ``faults``):
+        integers by name, as the typed ``WorkerStats`` message carries them."""
         ...
 
 
@@ -54,15 +108,12 @@ class WorkerPaging(Protocol):
 class DriverPaging(Protocol):
     """Driver side of the pager."""
 
-    def worker_config(self, worker_id: int, host: str) -> dict:
-        """Merged into the config a worker receives at registration.
-
-        A ``"paging_factory": "module:callable"`` entry makes the worker build its
-        :class:`WorkerPaging` as ``callable(worker_id, config)``.
-        """
+    def worker_config(self, worker_id: int, host: str) -> PagingConfig:
+        """The paging part of the config a worker receives at registration: its
+        ``kind`` names the :class:`WorkerPaging` the worker builds (:class:`PagingKind`)."""
         ...
 
-    def worker_ready(self, worker_id: int, info: dict) -> None:
+    def worker_ready(self, worker_id: int, info: PagingInfo) -> None:
         """The worker built its paging; ``info`` is its ``WorkerPaging.info()``."""
         ...
 
@@ -116,8 +167,8 @@ class DriverPaging(Protocol):
 class NullWorkerPaging:
     """No shared arena: tasks read nothing, invalidations are no-ops."""
 
-    def info(self) -> dict:
-        return {}
+    def info(self) -> PagingInfo:
+        return PagingInfo()
 
     def begin_task(self, epoch: int) -> None:
         pass
@@ -128,7 +179,7 @@ class NullWorkerPaging:
     def invalidate(self, epoch: int, pages: list[int]) -> None:
         pass
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         return {}
 
 
@@ -138,10 +189,10 @@ class NullDriverPaging:
     def __init__(self) -> None:
         self.epoch = 0
 
-    def worker_config(self, worker_id: int, host: str) -> dict:
-        return {}
+    def worker_config(self, worker_id: int, host: str) -> PagingConfig:
+        return PagingConfig()
 
-    def worker_ready(self, worker_id: int, info: dict) -> None:
+    def worker_ready(self, worker_id: int, info: PagingInfo) -> None:
         pass
 
     def begin_stage(self) -> tuple[int, list[int]]:
@@ -181,16 +232,3 @@ class NullDriverPaging:
 
     def close(self) -> None:
         pass
-
-
-def load_factory(spec: str) -> Callable:
-    """Resolve a ``"package.module:callable"`` string (dotted attributes allowed)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"expected 'module:callable', got {spec!r}")
-    obj = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise TypeError(f"{spec!r} is not callable")
-    return obj

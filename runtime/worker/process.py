@@ -4,12 +4,12 @@
                   [--launch-key K] [--remove-token-file]
 
 It serves the ``Worker`` gRPC service on ``H:0``, registers with the driver's
-``Scheduler`` at ``HOST:PORT``, builds its paging object from the config it gets
-back (``config["paging_factory"]``, a ``"module:callable"`` called as
-``factory(worker_id, config)``; :class:`NullWorkerPaging` if absent), reports
-Ready, then opens its task stream (runtime/net/task_stream.py: a connection to the
-driver's Unix socket ``config["task_stream_unix"]`` where it shares the driver's network
-namespace, else TCP to its port ``config["task_stream_port"]``) and runs the attempts that come down
+``Scheduler`` at ``HOST:PORT``, builds its paging from the ``WorkerConfig`` it gets
+back (``config.paging.kind`` names an entry of :data:`PAGINGS`, a fixed table: the
+driver never names code to import), reports Ready, then opens its task stream
+(runtime/net/task_stream.py: a connection to the driver's Unix socket
+``config.task_stream_unix`` where it shares the driver's network namespace, else TCP
+to its port ``config.task_stream_port``) and runs the attempts that come down
 it, one at a time, until told to shut down. The stream's end is the worker's: it exits
 saying why (the driver closed it or gave up on this worker: ``EXIT_OK`` /
 ``EXIT_DRIVER_REFUSED``; a broken connection, e.g. a cut link over which no ping came
@@ -25,12 +25,12 @@ import argparse
 import ctypes
 import logging
 import os
-import pickle
 import signal
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import grpc
 import psutil
@@ -42,7 +42,13 @@ from clamor.runtime.exitcodes import (
     EXIT_SETUP_FAILED,
     process_runs,
 )
-from clamor.runtime.net.messages import decode_key
+from clamor.runtime.net.messages import (
+    decode_key,
+    paging_config,
+    spill_policy,
+    worker_info_message,
+    worker_stats_message,
+)
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.task_stream import run_worker_stream
@@ -53,7 +59,13 @@ from clamor.runtime.net.transport import (
     split_address,
 )
 from clamor.runtime.paging.memory import WorkerBudget
-from clamor.runtime.paging.paging_api import NullWorkerPaging, load_factory
+from clamor.runtime.paging.pager import WorkerPager
+from clamor.runtime.paging.paging_api import (
+    NullWorkerPaging,
+    PagingConfig,
+    PagingKind,
+    WorkerPaging,
+)
 from clamor.runtime.storage.bulk import BulkServer
 from clamor.runtime.storage.partitions import PartitionStore
 from clamor.runtime.storage.spill import SpillingStore
@@ -72,6 +84,15 @@ _REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITIO
 #: the driver is unreachable).
 _STREAM_REFUSALS = (*_REFUSALS, grpc.StatusCode.ABORTED, grpc.StatusCode.ALREADY_EXISTS,
                     grpc.StatusCode.INVALID_ARGUMENT)  # fmt: skip
+
+
+#: The pagings a worker can build, by the kind its ``WorkerConfig`` names. A fixed table:
+#: the driver chooses among these, it never names code for the worker to import. Each
+#: is called as ``build(worker_id, config, token)``.
+PAGINGS: dict[PagingKind, Callable[[int, PagingConfig, bytes], WorkerPaging]] = {
+    PagingKind.NONE: lambda worker_id, config, token: NullWorkerPaging(),
+    PagingKind.ARENA: WorkerPager,
+}
 
 
 def _die(code: int, message: str) -> None:
@@ -144,7 +165,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         stats.update(self.store.stats())
         stats.update(executor.inputs_read)
         stats.update(executor.paging.stats())
-        return pb.StatsReply(stats=pickle.dumps(stats))
+        return pb.StatsReply(stats=worker_stats_message(stats))
 
     def Interrupt(self, request, context):
         executor = self._ready(context)
@@ -264,13 +285,18 @@ def _serve_stream(
     _die(exit_code, f"worker {worker_id}: {why}")
 
 
-def budget_of(config: dict) -> WorkerBudget:
+def budget_of(config: pb.WorkerConfig) -> WorkerBudget:
     """This worker's budget, split as the driver split it (see runtime/paging/memory.py)."""
-    return WorkerBudget(int(config.get("memory_budget", 0)), bool(config.get("zero_copy", False)))
+    return WorkerBudget(int(config.memory_budget), bool(config.zero_copy))
+
+
+def build_paging(worker_id: int, config: PagingConfig, token: bytes) -> WorkerPaging:
+    """The paging ``config.kind`` names, from :data:`PAGINGS`."""
+    return PAGINGS[config.kind](worker_id, config, token)
 
 
 def _spilling_store(
-    worker_id: int, config: dict, scheduler: pb_grpc.SchedulerStub, servicer: WorkerServicer
+    worker_id: int, config: pb.WorkerConfig, scheduler: pb_grpc.SchedulerStub, servicer: WorkerServicer
 ) -> SpillingStore:
     """The partition store within this worker's partition budget (R3S)."""
     budget = budget_of(config).partitions
@@ -284,7 +310,7 @@ def _spilling_store(
         return [(p.worker_id, p.address) for p in reply.peers]
 
     return SpillingStore(
-        worker_id, budget, config.get("spill", "peer"), config.get("spill_dir", ""),
+        worker_id, budget, spill_policy(config.spill), config.spill_dir,
         find_peers, lambda address: servicer.executor.peer(address),
     )  # fmt: skip
 
@@ -366,10 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     ).start()
 
     try:
-        config = pickle.loads(reply.config)
-        config["page_token"] = credentials.token.encode().hex()  # the driver never sends it
-        factory = config.get("paging_factory")
-        paging = load_factory(factory)(worker_id, config) if factory else NullWorkerPaging()
+        config = reply.config
+        # The token is the worker's own: the driver never sends it.
+        paging = build_paging(worker_id, paging_config(config.paging), credentials.token.encode())
         info = paging.info()
     except Exception as exc:
         logger.exception("paging set-up failed")
@@ -382,9 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     servicer.executor = WorkerExecutor(worker_id, paging, scheduler, credentials, servicer.store)
     if not tls:  # partitions to peers over plain TCP (runtime/storage/bulk.py); with TLS, gRPC only
         servicer.bulk = BulkServer(token.encode(), host, servicer.store.lookup)
-        info["bulk_port"] = servicer.bulk.port
+    ready = worker_info_message(info, servicer.bulk.port if servicer.bulk else 0)
     try:
-        scheduler.Ready(pb.ReadyRequest(worker_id=worker_id, info=pickle.dumps(info)), timeout=30)
+        scheduler.Ready(pb.ReadyRequest(worker_id=worker_id, info=ready), timeout=30)
     except grpc.RpcError as exc:
         _die(
             EXIT_DRIVER_UNREACHABLE,
@@ -392,10 +417,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     logger.info("worker %d serving on %s", worker_id, address)
     executor = servicer.executor
-    stream_address = format_address(driver_host, int(config["task_stream_port"]))
+    stream_address = format_address(driver_host, int(config.task_stream_port))
     threading.Thread(
         target=_serve_stream,
-        args=(stream_address, config.get("task_stream_unix", ""), credentials, worker_id, executor,
+        args=(stream_address, config.task_stream_unix, credentials, worker_id, executor,
               servicer.shutdown_requested, args.parent_pid),
         name="clamor-stream",
         daemon=True,

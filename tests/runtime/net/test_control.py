@@ -32,7 +32,12 @@ from clamor.runtime.net import transport
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.observe import observer
-from clamor.runtime.paging.paging_api import NullDriverPaging
+from clamor.runtime.paging.paging_api import (
+    NullDriverPaging,
+    PagingConfig,
+    PagingInfo,
+    PagingKind,
+)
 
 # Workers cannot import this test module: ship its functions and classes by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -392,7 +397,7 @@ def test_a_worker_whose_register_call_times_out_keeps_its_id_when_it_retries(mon
 def test_startup_failure_names_the_workers():
     class BadPaging:
         def worker_config(self, worker_id, host):
-            return {"paging_factory": "no_such_module_for_clamor:make"}
+            return PagingConfig(kind=PagingKind.ARENA)  # no arena described: the pager cannot start
 
         def worker_ready(self, worker_id, info): ...
         def begin_stage(self):
@@ -535,16 +540,17 @@ def test_close_leaves_no_child_processes():
 
 RECORDING_PAGING = """
 import numpy as np
+from clamor.runtime.paging.paging_api import PagingInfo
 from clamor.runtime.paging.read_sets import encode
 
 
 class RecordingPaging:
-    def __init__(self, worker_id, config):
-        self.worker_id, self.marker = worker_id, config["marker"]
+    def __init__(self, worker_id, config, token):
+        self.worker_id, self.marker = worker_id, config.driver_host
         self.epoch, self.invalidated = None, []
 
     def info(self):
-        return {"worker_id": self.worker_id, "marker": self.marker}
+        return PagingInfo(host=self.marker, page_port=self.worker_id + 1)
 
     def begin_task(self, epoch):
         self.epoch = epoch
@@ -555,9 +561,42 @@ class RecordingPaging:
     def invalidate(self, epoch, pages):
         self.invalidated.append((epoch, list(pages)))
 
-    def stats(self):
-        return {"invalidated": list(self.invalidated), "cached_pages": 7}
+    def stats(self):  # counters only: one per page invalidated, named by epoch and page
+        named = {f"invalidated_{e}_{p}": 1 for e, pages in self.invalidated for p in pages}
+        return {**named, "cached_pages": 7}
 """
+
+#: A worker whose table of pagings has the recording one under the arena's kind (the
+#: driver names a kind; what the worker builds for it is the worker's own business).
+RECORDING_WORKER = """
+import sys
+
+from clamor.runtime.paging.paging_api import PagingKind
+from clamor.runtime.worker import process
+from recording_paging import RecordingPaging
+
+process.PAGINGS[PagingKind.ARENA] = RecordingPaging
+sys.exit(process.main())
+"""
+
+
+class RecordingLauncher(LocalLauncher):
+    """Local workers that run ``script`` (:data:`RECORDING_WORKER`) instead of ``-m clamor...``."""
+
+    def __init__(self, script: str) -> None:
+        super().__init__()
+        self.script = script
+
+    def command(self) -> list[str]:
+        command = super().command()
+        at = command.index("-m")
+        return [command[0], self.script, *command[at + 2 :]]
+
+
+def invalidated(stats: dict) -> list[tuple[int, list[int]]]:
+    """The recording paging's invalidations, ``(epoch, pages)`` in order, from its counters."""
+    pairs = sorted(tuple(map(int, k.split("_")[1:])) for k in stats if k.startswith("invalidated_"))
+    return [(e, [p for e2, p in pairs if e2 == e]) for e in sorted({e for e, _ in pairs})]
 
 
 class RecordingDriverPaging:
@@ -567,7 +606,7 @@ class RecordingDriverPaging:
 
     def worker_config(self, worker_id, host):
         self.events.append(("config", worker_id, host))
-        return {"paging_factory": "recording_paging:RecordingPaging", "marker": f"m{worker_id}"}
+        return PagingConfig(kind=PagingKind.ARENA, driver_host=f"m{worker_id}")
 
     def worker_ready(self, worker_id, info):
         self.events.append(("ready", worker_id, info))
@@ -603,17 +642,14 @@ class RecordingDriverPaging:
         self.events.append(("close",))
 
 
-def test_stage_protocol_drives_the_paging_seam(tmp_path, monkeypatch):
+def test_stage_protocol_drives_the_paging_seam(tmp_path):
     (tmp_path / "recording_paging.py").write_text(textwrap.dedent(RECORDING_PAGING))
-    paths = [str(tmp_path), os.environ.get("PYTHONPATH", "")]  # no empty entry: that means the cwd
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    (tmp_path / "recording_worker.py").write_text(textwrap.dedent(RECORDING_WORKER))
     paging = RecordingDriverPaging()
-    with Cluster(2, paging=paging, timeout=30) as c:
+    launcher = RecordingLauncher(str(tmp_path / "recording_worker.py"))
+    with Cluster(2, paging=paging, launcher=launcher, timeout=30) as c:
         ready = sorted(e[1:] for e in paging.events if e[0] == "ready")
-        assert ready == [
-            (0, {"worker_id": 0, "marker": "m0"}),
-            (1, {"worker_id": 1, "marker": "m1"}),
-        ]
+        assert ready == [(0, PagingInfo(host="m0", page_port=1)), (1, PagingInfo(host="m1", page_port=2))]
         assert ("config", 0, "127.0.0.1") in paging.events
 
         assert c.run_stage([(0, abs, (1,)), (1, abs, (2,))]) == [
@@ -643,11 +679,11 @@ def test_stage_protocol_drives_the_paging_seam(tmp_path, monkeypatch):
         stats = c.stats()
         assert stats["page_size"] == 4096 and stats["stages_run"] == 4
         for w in stats["workers"]:
-            assert w["invalidated"] == [(1, [10, 11]), (3, [30, 31])]
+            assert invalidated(w) == [(1, [10, 11]), (3, [30, 31])]
             assert w["cached_pages"] == 7 and w["rss_bytes"] > 0
 
         c.kill_worker(1)
         assert ("lost", 1) in paging.events
         c.run(abs, 1, worker=0)  # stage 5 invalidates the live worker only
-        assert c.worker_stats()[0]["invalidated"][-1] == (5, [50, 51])
+        assert invalidated(c.worker_stats()[0])[-1] == (5, [50, 51])
     assert paging.events[-1] == ("close",)

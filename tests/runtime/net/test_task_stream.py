@@ -16,7 +16,6 @@ no worker is left.
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import socket
 import threading
@@ -311,7 +310,7 @@ def test_a_worker_that_sends_an_undecodable_message_is_lost_and_its_tasks_rerun(
         reply = scheduler.Register(pb.RegisterRequest(pid=os.getpid(), host="127.0.0.1",
                                                       address="127.0.0.1:9"), timeout=30)  # fmt: skip
         fake = reply.worker_id
-        scheduler.Ready(pb.ReadyRequest(worker_id=fake, info=pickle.dumps({})), timeout=30)
+        scheduler.Ready(pb.ReadyRequest(worker_id=fake, info=pb.WorkerInfo()), timeout=30)
     assert cluster.workers == [0, 1, fake]
     conn = raw_stream(cluster, pb.WorkerMessage(worker_id=fake).SerializeToString())
     ended: list[tuple[grpc.StatusCode, str]] = []
