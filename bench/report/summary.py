@@ -132,8 +132,9 @@ def machine_line(result: dict) -> str:
 
 
 def limit_row(result: dict, case: str) -> dict | None:
-    """The case's physical-limit row (``"limit": True``) with repetitions, if any."""
-    return next((r for r in result["rows"] if r["case"] == case and r.get("limit") and r["seconds"]), None)
+    """The case's physical limit: its fastest limit row (``"limit": True``) with repetitions, if any."""
+    return min((r for r in result["rows"] if r["case"] == case and r.get("limit") and r["seconds"]),
+               key=lambda r: median(r["seconds"]), default=None)  # fmt: skip
 
 
 def interval(seconds: list[float]) -> str:
@@ -155,6 +156,12 @@ def section(result: dict) -> list[str]:
                           for k, v in params.items()
                           if k not in ("command", "versions") and not (isinstance(v, list) and len(v) > 12))
         lines += ["", f"Parameters: {shown}."]
+    return lines + case_tables(result) + _goals_and_plots(result, "Goals:")
+
+
+def case_tables(result: dict) -> list[str]:
+    """Per case, every row: median, minimum, the 95 % interval, runs, ÷ limit, ÷ baseline."""
+    base, lines = result.get("baseline", "clamor"), []
     for case in cases(result):
         limit = limit_row(result, case)
         lines += ["", f"### {case}", "",
@@ -180,7 +187,7 @@ def section(result: dict) -> list[str]:
                 f"{interval(r['seconds'])} | {len(r['seconds'])} | {over_limit} | {vs_base}"
                 f" | {human_bytes(r.get('bytes_moved'))} | {human_bytes(r.get('peak_worker_rss'))}"
                 f" | {(r.get('note') or '').replace('|', '/')} |")
-    return lines + _goals_and_plots(result, "Goals:")
+    return lines
 
 
 def _goals_and_plots(result: dict, heading: str) -> list[str]:
@@ -201,8 +208,17 @@ def _goals_and_plots(result: dict, heading: str) -> list[str]:
 
 # --- dense (issue 29): one table a worker count, first and repeat pass side by side -----
 
-#: The dense workload's systems, in the order its tables show them.
-DENSE_SYSTEMS = ("clamor", "shared memory", "ray", "dask", "numpy")
+#: The dense workload's systems, in the order its tables show them (then the others, the
+#: limits last).
+DENSE_SYSTEMS = ("clamor", "shared memory", "ray", "ray (ship keys' values)", "dask",
+                 "dask (ship keys' values)", "numpy")
+
+
+def _dense_systems(result: dict) -> list[str]:
+    present = list(dict.fromkeys(r["system"] for r in result["rows"]))
+    first = [s for s in DENSE_SYSTEMS if s in present]
+    rest = sorted(s for s in present if s not in first)
+    return first + [s for s in rest if not s.startswith("limit:")] + [s for s in rest if s.startswith("limit:")]
 #: Clamor's counters that say whether a pass faulted (always shown).
 DENSE_PAGING = ("faults", "soft_faults", "pages_mapped", "subpage_maps")
 
@@ -262,7 +278,7 @@ def dense_plot(result: dict) -> str | None:
     except ImportError:
         return None
     workers = sorted((result.get("params") or {}).get("workers_list") or [])
-    systems = [s for s in DENSE_SYSTEMS if any(r["system"] == s for r in result["rows"])]
+    systems = _dense_systems(result)
     if not workers or not systems:
         return None
     fig, axes = plt.subplots(len(workers), 1, figsize=(10, 3.4 * len(workers)), squeeze=False)
@@ -303,8 +319,7 @@ def dense_section(result: dict) -> list[str]:
               f"lookups: one driver write then the 100 % stage, the median of "
               f"{p.get('iterations', '?')} iterations. Cells: median, and peer ÷ clamor (above 1: "
               f"Clamor is faster).")]
-    systems = [s for s in DENSE_SYSTEMS if any(r["system"] == s for r in result["rows"])]
-    systems += sorted({r["system"] for r in result["rows"]} - set(systems))
+    systems = _dense_systems(result)
     other = [r["other_cores"] for r in result["rows"] if r.get("other_cores") is not None]
     if other:
         busy = sum(o > 0.1 for o in other)
@@ -350,6 +365,8 @@ def dense_section(result: dict) -> list[str]:
     notes = [f"- {r['system']}, {r['case']}: {r['note']}" for r in result["rows"] if r.get("note")]
     if notes:
         lines += ["", "Notes:", "", *dict.fromkeys(notes)]
+    lines += ["", "#### Every case: median, minimum, the 95 % interval of the median, runs, ÷ the limit",
+              *case_tables(result)]
     return lines + _goals_and_plots(
         result, "Goals (issue 29; the value is peer ÷ clamor, so 1/1.5 = 0.67 means within 1.5×):")
 

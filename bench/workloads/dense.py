@@ -1,72 +1,59 @@
 #!/usr/bin/env python3
-"""Dense and repeated lookups (issue 29): Clamor's plain faults against Ray, Dask, W
-processes over one ``multiprocessing.shared_memory`` table (the limit) and one plain
-numpy process, first pass and repeat pass, side by side in one run.
+"""Dense and repeated lookups (issue 29): Clamor's plain faults against Ray and Dask (each
+broadcasting the table, and each shipping every task the values of its keys), W processes
+over one ``multiprocessing.shared_memory`` table and one plain numpy process (the limits),
+first pass and repeat pass.
 
     python bench/run.py dense [--quick] [--workers 2,14] [--table-mib M] [--lookups L]
-                              [--tasks-per-worker T] [--repeat R] [--first-repeat F]
-                              [--iterations I] [--only clamor,ray,dask,shm,numpy,clamor-exact]
-                              [--no-single] [--out NAME]
+                              [--tasks-per-worker T] [--passes P] [--repeat R] [--first-repeat F]
+                              [--iterations I] [--only clamor,shm,ray,ray-values,numpy,clamor-exact,
+                                                       dask,dask-values] [--no-single] [--out NAME]
 
 The table: ``M`` MiB of int64 (4096 on a machine of 16+ cores and 64+ GiB, else 2048;
-512 with ``--quick``), value ``7 i + 3`` at ``i``,
-seen as pages of ``B`` bytes (Clamor's page size, 256 KiB). A stage is ``W x T`` tasks
-(``T`` = 4 a worker); a task draws ``L`` keys (200,000) from its own seed, over all of
-the table (``100 %``: every page is touched) or over a random 1 % of its pages (``1 %``),
-and returns ``table[keys].sum()``, which the child checks against ``7 sum(keys) + 3 L``
-(and the writes made so far). Keys are drawn inside the task, the same function on
-every system, so no system ships 1.6 MB of keys a task. Cases, for every ``W`` of
-``--workers`` (2,14 on such a machine, else 2; quick: 2): ``100 %`` and ``1 %`` with ``T``
-tasks a worker, and
-``100 %`` with 1 task a worker (not for Dask; ``--no-single`` leaves it out), each as
+512 with ``--quick``), value ``7 i + 3`` at ``i``, seen as pages of 256 KiB. A stage is
+``W x T`` tasks (``T`` = 4 a worker); a task draws ``L`` keys (200,000) from its own
+seed, over all of the table (``100 %``) or over a random 1 % of its pages (``1 %``), and
+returns ``table[keys].sum()``, checked against ``7 sum(keys) + 3 L`` (and the writes so
+far). Cases, for every ``W`` of ``--workers`` (2,14 on such a machine, else 2): ``100 %``
+and ``1 %`` with ``T`` tasks a worker, and ``100 %`` with 1 task a worker (not for Dask's
+broadcast; ``--no-single`` leaves it out), each as
 
 * **first pass**: from the table in the driver's memory to the last result, on a fresh
-  system: Clamor: a fresh ``Cluster(workers=W)`` (its start untimed, as no peer's is,
-  after an untimed warm-up stage on a small table) whose workers fault in the pages
-  the stage touches (no ``clamor.prefetch``: plain faults are the point); Ray:
-  ``ray.put(table)`` and the tasks on the reference (the zero-copy view of this host's
-  object store; ``ray.init(num_cpus=W)``, an object store of twice the table); Dask:
-  ``client.scatter(table, broadcast=True)`` and a ``client.submit`` a task
-  (``LocalCluster(n_workers=W, threads_per_worker=1, processes=True)``, each worker's
-  memory limit at least 3x the table, so none spills or pauses for it; Dask is left
-  out where W copies would not fit in 60 % of the machine's memory); shared memory:
-  create a ``SharedMemory`` block, copy the
-  table into it, and the tasks on a ``multiprocessing`` pool of W processes (made
-  before anything is timed) that attach it by name; numpy: one process running every
-  task in turn on the table. ``F`` repetitions (1; quick 2), each on a fresh system, the
-  median; the time the put, the scatter or the fill took is recorded (``put_s``). Ray
-  runs one instance per child: its object store keeps the memory a freed object used,
-  so only its first put (the first case's) pays for allocating the pages, as in a
-  session where Ray has run before; a shared-memory block is new memory every time;
-* **repeat pass**: the identical stage again on the same cluster / object, ``R`` times
-  (5): the median.
+  system (a new cluster, object reference, scatter, block or gather; its start untimed):
+  Clamor's workers fault in the pages the stage touches (no ``clamor.prefetch``); Ray
+  ``ray.put(table)`` and the tasks on the reference (``ray.init(num_cpus=W)``, an object
+  store of twice the table; one Ray instance a child, so after its first put a put
+  reuses store pages already allocated); Dask ``client.scatter(table, broadcast=True)``
+  and a ``client.submit`` a task (left out where W copies would not fit in 60 % of the
+  memory); the values programs ("ray (ship keys' values)", "dask (ship keys' values)"):
+  the knowledge Clamor's tasks have, their seeds and so their keys: the driver draws
+  each task's keys, gathers ``table[keys]`` and ships only those values (Ray: an
+  argument of the remote call; Dask: ``client.scatter`` of the list, a future a task);
+  shared memory: create a ``SharedMemory`` block, copy the table into it, and the tasks
+  on a fork pool of W processes made before anything is timed; numpy: one process
+  running every task in turn. ``F`` repetitions a pass (``--first-repeat``); the seconds
+  of the put, scatter, gather or fill are recorded (``put_s_runs``);
+* **repeat pass**: an untimed warm-up pass, then the identical stage ``R`` times on the
+  same system (the values programs gather and ship again: the program as written).
 
-And **write + lookups** (Clamor, Ray, shared memory, numpy): ``I`` iterations (5) of
-(the driver adds 1,000,003 to one entry that some task reads; the ``100 %`` stage of
-``W x T`` tasks), timed from the write to the last result: Clamor writes the arena in
-place; Ray re-puts the table each iteration, as a Ray user must; shared memory writes
-in place; numpy writes in place and runs the ``W x T`` tasks in turn.
+And **write + lookups** (every system but Dask's broadcast): ``I`` iterations of (the
+driver adds 1,000,003 to one entry that some task reads; the ``100 %`` stage), timed
+from the write: Clamor writes the arena in place, Ray re-puts the table, the values
+programs gather again, shared memory and numpy write in place.
 
-Memory: the growth of the machine's shared memory (``/proc/meminfo`` Shmem) over each
-pass, and the summed Pss of the worker processes after it (psutil
-``memory_full_info().pss``: Clamor's workers from ``cluster.stats()``, the others' from
-the pids their tasks return, Dask's from ``client.run``, the pool's own). Clamor's
-paging counters, per pass: the change of every counter ``cluster.stats()`` and
-``cluster.worker_stats()`` report (``faults``, ``soft_faults``, ``pages_mapped``,
-``subpage_maps``, ...; summed over the workers), so whether a repeat pass faults again
-is in the JSON and the report.
+Memory: ``/proc/meminfo`` Shmem growth over each first pass and the workers' summed Pss
+after it; Clamor's paging counters per pass (every counter of ``cluster.stats()`` and
+``cluster.worker_stats()`` that changed, summed over the workers).
 
-Systems run one at a time, each in its own child process per ``W`` (``harness``), all
-systems at one ``W`` before the next ``W`` (in ``--workers`` order); the JSON is saved
-after each, so a run stopped part way keeps what it measured (``params.complete``).
+Protocol: for each ``W``, ``harness.run_all`` runs every system ``--passes`` times (2),
+A B C A B C, each in a fresh child process; rows merge the passes' repetitions. The JSON
+is saved after each ``W`` (``params.complete``).
 
 Goals (issue 29), per ``W`` and fraction with ``T`` tasks a worker: repeat pass within
-1.5x of shared memory (shared memory / clamor >= 1/1.5) and no slower than Ray
-(ray / clamor >= 1); first pass within 1.5x of shared memory and at least 2x faster than
-Ray (ray / clamor >= 2); write + lookups within 1.1x of one numpy process
-(numpy / clamor >= 1/1.1). Writes ``bench/results/dense.json`` (``--out NAME``:
-``NAME.json``, e.g. ``dense-16cores``); ``python bench/run.py report`` adds it to
-``REPORT.md``.
+1.5x of shared memory and no slower than Ray's faster program; first pass within 1.5x of
+shared memory's touches (its fill left out: Clamor's table was made before the pass
+too) and at least 2x faster than Ray's faster program; write + lookups within 1.1x of one
+numpy process. Writes ``bench/results/dense.json`` (``--out NAME``: ``NAME.json``).
 """
 
 from __future__ import annotations
@@ -74,7 +61,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,18 +68,27 @@ from typing import Any
 
 import numpy as np
 import psutil
-from harness import child_main, progress, run_child, wait_until_idle
-from harness.machine import package_versions
+from harness import child_main, progress, run_all
 from harness.results import goal, median, ratio, row, save, tree_rss
-from peers import OtherLoad, find, fmt_bytes, make_table, markdown
+from peers import (
+    _ATTACHED,
+    WORKERS,
+    OtherLoad,
+    _shm_view,
+    family,
+    find,
+    fmt_bytes,
+    make_table,
+    markdown,
+)
 
 from workloads.same_host import pss, shmem_bytes
 
 #: In the order they run at each worker count (Dask, the slowest to broadcast, last).
-SYSTEMS = ("clamor", "shm", "ray", "numpy", "clamor-exact", "dask")
-LABEL = {"shm": "shared memory", "clamor-exact": "clamor, exact read sets (as before)"}
+SYSTEMS = ("clamor", "shm", "ray", "ray-values", "numpy", "clamor-exact", "dask-values", "dask")
+LIMITS = ("shm", "numpy")
 #: The systems of the write case (Dask would re-scatter W copies of the table each time).
-WRITERS = ("clamor", "ray", "shm", "numpy", "clamor-exact")
+WRITERS = ("clamor", "ray", "ray-values", "shm", "numpy", "clamor-exact", "dask-values")
 FIRST, REPEAT = "first pass", "repeat pass"
 SEED = 29
 DELTA = 1_000_003
@@ -106,8 +101,11 @@ GAUGES = {"id", "pid", "rss_bytes", "memory_budget", "page_cache_budget", "parti
 PAGING_KEYS = ("faults", "soft_faults", "pages_mapped", "subpage_maps")
 
 
-def label(system: str) -> str:
-    return LABEL.get(system, system)
+def label(system: str, workers: int = WORKERS) -> str:
+    """A child's row name; the limits name their process count (``workers``)."""
+    return {"shm": f"limit: shared memory, {workers} processes", "numpy": "limit: numpy, one process",
+            "clamor-exact": "clamor, exact read sets (as before)", "ray-values": "ray (ship keys' values)",
+            "dask-values": "dask (ship keys' values)"}.get(system, system)  # fmt: skip
 
 
 # --- the tasks (shipped by value: they are in the child's __main__) ----------------------
@@ -131,6 +129,13 @@ def _lookups(table, seed, subset, per_page, lookups):
     return int(table[keys].sum()), os.getpid()
 
 
+def _sum_values(values):
+    """A values program's task: the sum of the values shipped with it, and the pid."""
+    import os
+
+    return int(values.sum()), os.getpid()
+
+
 def _warm(table, seconds):
     """An untimed warm-up task: loads numpy, touches the (small) table, holds the worker."""
     import os
@@ -141,14 +146,13 @@ def _warm(table, seconds):
     return value, os.getpid()
 
 
-#: In a pool process: the shared-memory blocks attached, by name (one at a time).
-_ATTACHED: dict[str, tuple[Any, np.ndarray]] = {}
 #: The pool's barrier (inherited through fork): a task waiting on it holds its process,
 #: so W tasks reach every one of the W processes once.
 _BARRIER: Any = None
 
 
 def _shm_detach() -> None:
+    """In a pool process: let go of every block attached (``peers._shm_view``)."""
     for old in list(_ATTACHED):
         block, view = _ATTACHED.pop(old)
         del view
@@ -156,13 +160,9 @@ def _shm_detach() -> None:
 
 
 def _shm_table(name: str, n: int) -> np.ndarray:
-    from multiprocessing import shared_memory
-
     if name not in _ATTACHED:
         _shm_detach()  # a new table: let go of the last one
-        block = shared_memory.SharedMemory(name=name)
-        _ATTACHED[name] = (block, np.ndarray((n,), np.int64, buffer=block.buf))
-    return _ATTACHED[name][1]
+    return _shm_view(name, n)
 
 
 def _shm_lookups(a: tuple) -> tuple[int, int]:
@@ -326,29 +326,35 @@ class ClamorSystem(System):
 
 
 class RaySystem(System):
+    """``peers.RaySession`` (``ray.init(num_cpus=W)``, an object store of twice the table):
+    ``ray.put`` once a first pass, every release waited for (untimed)."""
+
     def __init__(self, p: dict) -> None:
         super().__init__(p)
-        import ray
+        import peers
 
-        self.ray, self.ref = ray, None
-        store = 2 * p["table_bytes"] + (512 << 20)  # a re-put may overlap the last copy's release
-        ray.init("local", num_cpus=self.w, include_dashboard=False, logging_level="ERROR",
-                 object_store_memory=store)  # fmt: skip
-        self.remote = ray.remote(num_cpus=1)(_lookups)
-        warm = ray.remote(num_cpus=1)(_warm)
-        small = ray.put(np.arange(1024, dtype=np.int64))
-        pids = {pid for _, pid in ray.get([warm.remote(small, 0.3) for _ in range(2 * self.w)])}
+        peers.WORKERS = self.w  # this child's worker count: the sessions start that many
+        self.session = peers.RaySession(object_store_memory=peers.ray_store_bytes(self.data_bytes()))
+        self.handle = None
+        small = self.session.broadcast(np.arange(1024, dtype=np.int64))
+        pids = {pid for _, pid in self.session.map(_warm, small, [(0.3,)] * (2 * self.w))}
+        self.session.release(small)
         progress(f"  ray: {len(pids)} worker processes warmed up")
 
+    def data_bytes(self) -> int:
+        return self.p["table_bytes"]
+
     def fresh(self) -> None:
-        self.ref = None  # the last reference: the object store frees it
+        if self.handle is not None:
+            self.session.release(self.handle)  # waited for: the store has freed it
+            self.handle = None
 
     def _tasks(self, args: list[tuple]) -> list:
-        return self.ray.get([self.remote.remote(self.ref, *a) for a in args])
+        return self.session.map(_lookups, self.handle, args)
 
     def first(self, args: list[tuple]) -> list:
         t = time.perf_counter()
-        self.ref = self.ray.put(self.table)
+        self.handle = self.session.broadcast(self.table)
         self.put_s = time.perf_counter() - t
         return self._tasks(args)
 
@@ -356,13 +362,81 @@ class RaySystem(System):
 
     def write(self, key: int, delta: int, args: list[tuple]) -> list:
         self.table[key] += delta
-        self.ref = None
+        self.session.release(self.handle, wait=False)  # as a Ray program would: drop it, put anew
         return self.first(args)
 
     def close(self) -> None:
-        self.ref = None
-        if self.ray.is_initialized():
-            self.ray.shutdown()
+        self.handle = None
+        self.session.close()
+
+
+class ValuesSystem(System):
+    """The values programs: the driver draws each task's keys (from its seed, as the task
+    would), gathers ``table[keys]`` and ships only those values; a task sums them."""
+
+    copies = 0
+    shipped = 0
+
+    def _gather(self, args: list[tuple]) -> list[np.ndarray]:
+        return [self.table[_keys(sd, sub, self.n, pp, lk)] for sd, sub, pp, lk in args]
+
+    def first(self, args: list[tuple]) -> list:
+        t = time.perf_counter()
+        values = self._gather(args)
+        self.put_s = time.perf_counter() - t  # the gather (the shipping is in the tasks' time)
+        self.shipped += sum(v.nbytes for v in values)
+        return self.ship(values)
+
+    again = first
+
+    def write(self, key: int, delta: int, args: list[tuple]) -> list:
+        self.table[key] += delta
+        return self.first(args)
+
+    def ship(self, values: list[np.ndarray]) -> list:
+        raise NotImplementedError
+
+    def moved(self) -> int:
+        return self.shipped
+
+
+class RayValuesSystem(ValuesSystem, RaySystem):
+    """Ray: ``f.remote(values)`` a task (Ray puts an argument this large in its store)."""
+
+    def data_bytes(self) -> int:
+        return self.p["workers"] * self.p["tasks_per_worker"] * self.p["lookups"] * 8
+
+    def ship(self, values: list[np.ndarray]) -> list:
+        return self.session.run(_sum_values, [(v,) for v in values])
+
+    def fresh(self) -> None:
+        pass
+
+
+class DaskValuesSystem(ValuesSystem):
+    """Dask: ``client.scatter`` of the values (a future a task), a ``client.submit`` each."""
+
+    def __init__(self, p: dict) -> None:
+        super().__init__(p)
+        import peers
+
+        peers.WORKERS = self.w
+        self.session = peers.DaskSession()
+        self.client = self.session.client
+        self.workers = sorted(self.client.run(os.getpid).values())
+        self.client.gather([self.client.submit(_sum_values, np.arange(8), pure=False) for _ in range(2 * self.w)])
+
+    def ship(self, values: list[np.ndarray]) -> list:
+        futures = self.client.scatter(values, hash=False)
+        out = self.client.gather([self.client.submit(_sum_values, f, pure=False) for f in futures])
+        del futures
+        return out
+
+    def pids(self, out: list) -> list[int]:
+        return self.workers
+
+    def close(self) -> None:
+        self.session.close()
 
 
 class DaskSystem(System):
@@ -509,7 +583,8 @@ class ClamorExactSystem(ClamorSystem):
 
 
 SESSIONS = {"clamor": ClamorSystem, "ray": RaySystem, "dask": DaskSystem, "shm": ShmSystem,
-            "numpy": NumpySystem, "clamor-exact": ClamorExactSystem}  # fmt: skip
+            "numpy": NumpySystem, "clamor-exact": ClamorExactSystem, "ray-values": RayValuesSystem,
+            "dask-values": DaskValuesSystem}  # fmt: skip
 
 
 # --- measuring, in the child -------------------------------------------------------------
@@ -523,116 +598,113 @@ def changes(before: dict | None, after: dict | None) -> dict[str, int] | None:
     return {k: v for k, v in out.items() if v or k in PAGING_KEYS}
 
 
+class Runs:
+    """One case's timed repetitions in a child (:meth:`time`), and its row (:meth:`row`)."""
+
+    def __init__(self, s: System, name: str, case: str, fraction: float, per_worker: int, extra: dict) -> None:
+        self.s, self.name, self.case, self.fraction, self.per_worker, self.extra = (
+            s, name, case, fraction, per_worker, extra)  # fmt: skip
+        self.secs: list[float] = []
+        self.runs: dict[str, list] = {k: [] for k in ("moved", "rss", "grown", "pss", "paging", "puts")}
+        self.problems: list[str] = []
+        self.load = OtherLoad()
+
+    def check(self, out: list, want: list[int], what: str) -> None:
+        if wrong := [i for i, (v, _) in enumerate(out) if v != want[i]]:
+            self.problems.append(f"{what}: wrong sums in tasks {wrong[:5]}")
+
+    def time(self, call: Any, want: list[int], unmoved: int = 0) -> list:
+        """``call()`` timed, checked against ``want``; the counters, memory, bytes moved (the
+        system's count, else ``unmoved``) and the put, gather or fill it made, untimed."""
+        s, r = self.s, self.runs
+        c0, m0, shm0 = s.counters(), s.moved(), shmem_bytes()
+        s.put_s = None
+        t = time.perf_counter()
+        out = call()
+        self.secs.append(time.perf_counter() - t)
+        r["grown"].append(shmem_bytes() - shm0)
+        pids = s.pids(out)
+        r["pss"].append(pss(pids))
+        r["rss"].append(tree_rss(pids))
+        r["paging"].append(changes(c0, s.counters()))
+        r["moved"].append(s.moved() - m0 if m0 is not None else unmoved)
+        r["puts"].append(s.put_s)
+        self.check(out, want, f"repetition {len(self.secs)}")
+        progress(f"  {self.name} {self.case} {len(self.secs)}: {self.secs[-1]:.3f} s"
+                 + (f" (put {s.put_s:.3f} s)" if s.put_s is not None else "")
+                 + f", Shmem +{fmt_bytes(r['grown'][-1])}, workers' Pss {fmt_bytes(r['pss'][-1])}"
+                 + (f", paging {r['paging'][-1]}" if r["paging"][-1] else ""))  # fmt: skip
+        return out
+
+    def row(self, note: str = "") -> dict:
+        r = self.runs
+        wrong = "WRONG: " + "; ".join(self.problems[:3]) if self.problems else ""
+        puts = [x for x in r["puts"] if x is not None]
+        return row(self.name, self.case, self.secs, bytes_moved=int(median(r["moved"])),
+                   peak_worker_rss=max(r["rss"]), note="; ".join(x for x in (wrong, note) if x),
+                   checked=not self.problems, fraction=self.fraction, tasks_per_worker=self.per_worker,
+                   shmem_growth=max(r["grown"]), shmem_growth_runs=r["grown"], workers_pss=max(r["pss"]),
+                   workers_pss_runs=r["pss"], paging=_most(r["paging"]), paging_runs=r["paging"],
+                   put_s=median(puts) if puts else None, put_s_runs=puts, bytes_moved_runs=r["moved"],
+                   wrong_runs=[len(self.problems)], other_cores_runs=[self.load.cores()], **self.extra)  # fmt: skip
+
+
 def measure(system: str, rows, p: dict) -> None:
-    name = label(system)
+    """In the child: per read case ``F`` first passes (each after an untimed ``fresh()``),
+    an untimed warm-up repeat pass and ``R`` timed ones; then the write case."""
+    w = p["workers"]
+    name, extra = label(system, w), {"limit": system in LIMITS, "program": system}
     s = SESSIONS[system](p)  # before the table: no worker inherits or maps the driver's copy
     try:
         t0 = time.perf_counter()
         table = s.make_table()
         progress(f"  {name}: {fmt_bytes(table.nbytes)} table made in {time.perf_counter() - t0:.1f} s")
-        problems: list[str] = []
-
-        def check(out: list, want: list[int], what: str) -> None:
-            wrong = [i for i, (v, _) in enumerate(out) if v != want[i]]
-            if wrong:
-                problems.append(f"{what}: wrong sums in tasks {wrong[:5]}")
-
         for k, (case, fraction, per_worker) in enumerate(specs(system, p)):
-            args = task_args(p, fraction, p["workers"] * per_worker, SEED + 1000 * k)
+            args = task_args(p, fraction, w * per_worker, SEED + 1000 * k)
             want = expected(p, args)
-            problems.clear()
-            load = OtherLoad()
-            secs, grown, worker_pss, rss, paging, moved, puts = [], [], [], [], [], [], []
-            for rep in range(p["first_repeat"]):
+            runs = Runs(s, name, f"{case}, {FIRST}", fraction, per_worker, extra)
+            for _ in range(p["first_repeat"]):
                 s.fresh()
-                c0, m0, shm0 = s.counters(), s.moved(), shmem_bytes()
-                t = time.perf_counter()
-                out = s.first(args)
-                secs.append(time.perf_counter() - t)
-                puts.append(s.put_s)
-                grown.append(shmem_bytes() - shm0)
-                pids = s.pids(out)
-                worker_pss.append(pss(pids))
-                rss.append(tree_rss(pids))
-                paging.append(changes(c0, s.counters()))
-                moved.append(s.moved() - m0 if m0 is not None else table.nbytes * s.copies)
-                check(out, want, f"first pass {rep}")
-                progress(f"  {name} {case}, {FIRST} {rep + 1}/{p['first_repeat']}: {secs[-1]:.3f} s"
-                         + (f" (put {puts[-1]:.3f} s)" if puts[-1] is not None else "") + ", "
-                         f"Shmem +{fmt_bytes(grown[-1])}, workers' Pss {fmt_bytes(worker_pss[-1])}"
-                         + (f", paging {paging[-1]}" if paging[-1] else ""))  # fmt: skip
-            rows.append(_row(name, f"{case}, {FIRST}", secs, problems, moved, rss, grown, worker_pss,
-                             paging, load, fraction, per_worker, puts=puts))  # fmt: skip
-            problems.clear()
-            load = OtherLoad()
-            secs, paging, moved = [], [], []
-            shm0 = shmem_bytes()
-            for rep in range(p["repeat"]):
-                c0, m0 = s.counters(), s.moved()
-                t = time.perf_counter()
-                out = s.again(args)
-                secs.append(time.perf_counter() - t)
-                paging.append(changes(c0, s.counters()))
-                moved.append(s.moved() - m0 if m0 is not None else 0)
-                check(out, want, f"repeat pass {rep}")
-                progress(f"  {name} {case}, {REPEAT} {rep + 1}/{p['repeat']}: {secs[-1]:.3f} s"
-                         + (f", paging {paging[-1]}" if paging[-1] else ""))  # fmt: skip
-            pids = s.pids(out)
-            rows.append(_row(name, f"{case}, {REPEAT}", secs, problems, moved, [tree_rss(pids)],
-                             [shmem_bytes() - shm0], [pss(pids)], paging, load, fraction,
-                             per_worker))  # fmt: skip
-        if system in WRITERS and p["iterations"]:
-            _measure_writes(s, name, rows, p, check, problems)
+                runs.time(lambda a=args: s.first(a), want, table.nbytes * s.copies)
+            rows.append(runs.row())
+            runs = Runs(s, name, f"{case}, {REPEAT}", fraction, per_worker, extra)
+            runs.check(s.again(args), want, "the untimed warm-up")
+            for _ in range(p["repeat"]):
+                runs.time(lambda a=args: s.again(a), want)
+            rows.append(runs.row())
+        if system not in WRITERS or not p["iterations"]:
+            return
+        args = task_args(p, 1.0, w * p["tasks_per_worker"], SEED + 5000)  # write + lookups
+        keys = [_keys(sd, sub, len(table), pp, lk) for sd, sub, pp, lk in args]
+        want = expected(p, args)
+        rng = np.random.default_rng(SEED + 5001)
+        runs = Runs(s, name, write_case(w), 1.0, p["tasks_per_worker"], extra)
+        s.fresh()
+        runs.check(s.first(args), want, "before any write")  # untimed: the table in place
+        for _ in range(p["iterations"]):
+            task = int(rng.integers(len(keys)))
+            key = int(keys[task][rng.integers(len(keys[task]))])  # an entry some task reads
+            want = [v + DELTA * int(np.count_nonzero(k == key)) for v, k in zip(want, keys, strict=True)]
+            runs.time(lambda key=key: s.write(key, DELTA, args), want, table.nbytes if system == "ray" else 0)
+        rows.append(runs.row({"ray": "re-put each iteration", "ray-values": "gathered again each iteration",
+                              "dask-values": "gathered again each iteration"}.get(system, "")))  # fmt: skip
     finally:
         s.close()
 
 
-def _measure_writes(s: System, name: str, rows, p: dict, check, problems: list[str]) -> None:
-    """Write + lookups: ``iterations`` of one driver write and the 100 % stage."""
-    args = task_args(p, 1.0, p["workers"] * p["tasks_per_worker"], SEED + 5000)
-    n = p["table_bytes"] // 8
-    keys = [_keys(sd, sub, n, pp, lk) for sd, sub, pp, lk in args]
-    want = expected(p, args)
-    problems.clear()
-    rng = np.random.default_rng(SEED + 5001)
-    s.fresh()
-    check(s.first(args), want, "write case, before any write")  # untimed: the table in place
-    load = OtherLoad()
-    secs, paging, moved, puts = [], [], [], []
-    for i in range(p["iterations"]):
-        task = int(rng.integers(len(keys)))
-        key = int(keys[task][rng.integers(len(keys[task]))])  # an entry some task reads
-        want = [v + DELTA * int(np.count_nonzero(k == key)) for v, k in zip(want, keys, strict=True)]
-        c0, m0 = s.counters(), s.moved()
-        t = time.perf_counter()
-        out = s.write(key, DELTA, args)
-        secs.append(time.perf_counter() - t)
-        puts.append(s.put_s if name == "ray" else None)
-        paging.append(changes(c0, s.counters()))
-        moved.append(s.moved() - m0 if m0 is not None else (s.p["table_bytes"] if name == "ray" else 0))
-        check(out, want, f"iteration {i}")
-        progress(f"  {name} write + lookups {i + 1}/{p['iterations']}: {secs[-1]:.3f} s"
-                 + (f", paging {paging[-1]}" if paging[-1] else ""))  # fmt: skip
-    pids = s.pids(out)
-    note = "re-put each iteration" if name == "ray" else ""
-    rows.append(_row(name, write_case(p["workers"]), secs, problems, moved, [tree_rss(pids)], None,
-                     [pss(pids)], paging, load, 1.0, p["tasks_per_worker"], note, puts))  # fmt: skip
-
-
-def _row(name: str, case: str, secs: list[float], problems: list[str], moved: list, rss: list,
-         grown: list | None, worker_pss: list, paging: list, load: OtherLoad, fraction: float,
-         per_worker: int, note: str = "", puts: list | None = None) -> dict:  # fmt: skip
-    wrong = "WRONG: " + "; ".join(problems[:3]) if problems else ""
-    puts = [x for x in puts or [] if x is not None]
-    return row(name, case, secs, bytes_moved=int(median(moved)) if moved else None,
-               peak_worker_rss=max(rss) if rss else None,
-               note="; ".join(x for x in (wrong, note) if x), checked=not problems,
-               fraction=fraction, tasks_per_worker=per_worker,
-               shmem_growth=max(grown) if grown else None, shmem_growth_runs=grown,
-               workers_pss=max(worker_pss) if worker_pss else None, workers_pss_runs=worker_pss,
-               paging=paging[0] if len(paging) == 1 else _most(paging), paging_runs=paging,
-               put_s=median(puts) if puts else None, put_s_runs=puts,
-               other_cores=load.cores())  # fmt: skip
+def finish(rows: list[dict]) -> None:
+    """After the passes are merged (``harness.merge`` keeps the first pass's scalars): the
+    fields every pass's runs give."""
+    for r in rows:
+        if not r["seconds"]:
+            continue
+        r["checked"] = not sum(r.get("wrong_runs") or [0])
+        r["bytes_moved"] = int(median(r["bytes_moved_runs"])) if r.get("bytes_moved_runs") else None
+        r["put_s"] = median(r["put_s_runs"]) if r.get("put_s_runs") else None
+        r["shmem_growth"] = max(r.get("shmem_growth_runs") or [], default=None)
+        r["workers_pss"] = max(r.get("workers_pss_runs") or [], default=None)
+        r["paging"] = _most(r.get("paging_runs") or [])
+        r["other_cores"] = max(r.get("other_cores_runs") or [], default=None)
 
 
 def _most(runs: list[dict | None]) -> dict | None:
@@ -647,11 +719,11 @@ def _most(runs: list[dict | None]) -> dict | None:
 
 
 def goals(result: dict) -> list[dict]:
-    """Issue 29's goals, from the rows (ratios: peer / clamor of the medians)."""
+    """Issue 29's goals, from the rows (ratios: peer / clamor of the medians; Ray: its faster
+    program in the case)."""
     p, out = result["params"], []
-    shm = label("shm")
     for w in p["workers_list"]:
-        t = p["tasks_per_worker"]
+        shm, t = label("shm", w), p["tasks_per_worker"]
         for frac in ("100 %", "1 %"):
             base = f"{w} workers, {frac}, {t} a worker"
             for run, peer, target, text in (
@@ -661,42 +733,54 @@ def goals(result: dict) -> list[dict]:
                 (FIRST, "ray", 2.0, "at least 2x faster than Ray end to end"),
             ):
                 case = f"{base}, {run}"
+                if peer == "ray":
+                    peer = _fastest(result, "ray", case) or "ray"
                 # The limit's first pass is its touches: Clamor's table was made in the arena
                 # before the pass too, so the copy into the SharedMemory block is left out.
-                value = (_touches(result, case) if (run, peer) == (FIRST, shm) else ratio(result, peer, case))
-                why = "" if value is not None else "not measured (see the rows)"
-                out.append(goal(f"{case}: {text} ({peer} ÷ clamor)", value, target, why))
-        case = write_case(w)
-        value = ratio(result, "numpy", case)
+                value = (_touches(result, case, shm) if (run, peer) == (FIRST, shm) else ratio(result, peer, case))
+                out.append(goal(f"{case}: {text} ({peer} ÷ clamor)", value, target, _why(result, case, peer)))
+        case, numpy = write_case(w), label("numpy")
+        value = ratio(result, numpy, case)
         out.append(goal(f"{case}: within 1.1x of one numpy process (numpy ÷ clamor)", value, 1 / 1.1,
-                        "" if value is not None else "not measured (see the rows)"))  # fmt: skip
+                        _why(result, case, numpy)))  # fmt: skip
     for g in out:
-        if not g["met"] and not g["why"]:
-            g["why"] = _why(result, g["goal"].split(":")[0])
+        g["why"] = "" if g["met"] else g["why"]
     return out
 
 
-def _touches(result: dict, case: str) -> float | None:
+def _fastest(result: dict, peer: str, case: str) -> str | None:
+    """The name of ``peer``'s program with the lowest median in ``case``."""
+    mine = [r for r in result["rows"] if family(r["system"]) == peer and r["case"] == case and r["seconds"]
+            and r.get("checked") is not False]  # fmt: skip
+    return min(mine, key=lambda r: median(r["seconds"]))["system"] if mine else None
+
+
+def _touches(result: dict, case: str, shm_name: str) -> float | None:
     """Shared memory's first pass without its fill, over Clamor's (above 1: Clamor faster)."""
-    shm, clamor = find(result["rows"], label("shm"), case), find(result["rows"], "clamor", case)
+    shm, clamor = find(result["rows"], shm_name, case), find(result["rows"], "clamor", case)
     if not shm or not clamor or not shm["seconds"] or not clamor["seconds"] or shm.get("put_s") is None:
         return None
     return (median(shm["seconds"]) - shm["put_s"]) / median(clamor["seconds"])
 
 
-def _why(result: dict, case: str) -> str:
-    """Clamor's paging counters in ``case``, for a goal it missed."""
-    c = find(result["rows"], "clamor", case)
-    if not c or not c.get("paging"):
-        return "missed in this run (see the rows)"
-    shown = ", ".join(f"{k} {v:,}" for k, v in c["paging"].items() if k in PAGING_KEYS)
-    return f"Clamor's workers, this pass: {shown}"
+def _why(result: dict, case: str, peer: str) -> str:
+    """For a missed goal: both medians (and the peer's put, gather or fill) and Clamor's
+    paging counters in ``case``, from the rows."""
+    c, q = find(result["rows"], "clamor", case), find(result["rows"], peer, case)
+    if not c or not c["seconds"] or not q or not q["seconds"]:
+        return "not measured (see the rows)"
+    text = (f"clamor median {median(c['seconds']):.3f} s, {peer} {median(q['seconds']):.3f} s"
+            + (f" ({q['put_s']:.3f} s of it the put, gather or fill)" if q.get("put_s") is not None else ""))
+    if c.get("paging"):
+        text += "; Clamor's workers, the pass: " + ", ".join(
+            f"{k} {v:,}" for k, v in c["paging"].items() if k in PAGING_KEYS)  # fmt: skip
+    return text
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="512 MiB table, 2 workers, 2 first passes: about 2 minutes on 2 cores")
+                    help="512 MiB table, 2 workers, 1 pass: 2 first passes, 3 repeat passes, 3 writes")
     ap.add_argument("--workers", default=None,
                     help="worker counts, comma-separated (2,14 on 16+ cores and 64+ GiB, else 2; quick 2)")
     ap.add_argument("--table-mib", type=int, default=None,
@@ -704,10 +788,12 @@ def main() -> None:
     ap.add_argument("--lookups", type=int, default=200_000, help="lookups a task (200,000)")
     ap.add_argument("--tasks-per-worker", type=int, default=4, help="tasks a worker in a stage (4)")
     ap.add_argument("--no-single", action="store_true", help="leave out the 1-task-a-worker case")
-    ap.add_argument("--repeat", type=int, default=5, help="repeat passes, the median (5)")
+    ap.add_argument("--passes", type=int, default=None, help="passes over the systems, A B A B (2; quick 1)")
+    ap.add_argument("--repeat", type=int, default=None, help="timed repeat passes a pass (5; quick 3)")
     ap.add_argument("--first-repeat", type=int, default=None,
-                    help="first passes, each on a fresh system, the median (1; quick 2)")
-    ap.add_argument("--iterations", type=int, default=5, help="write + lookups iterations (5; 0: none)")
+                    help="first passes a pass, each on a fresh system (5; quick 2)")
+    ap.add_argument("--iterations", type=int, default=None,
+                    help="write + lookups iterations a pass (5; quick 3; 0: none)")
     ap.add_argument("--page-size", type=int, default=256 << 10, help="bytes (256 KiB)")
     ap.add_argument("--only", default=",".join(SYSTEMS), help=f"systems among {','.join(SYSTEMS)}")
     ap.add_argument("--out", default="dense", help="result name: bench/results/NAME.json (dense)")
@@ -724,13 +810,14 @@ def main() -> None:
     pages = (table_mib << 20) // args.page_size
     p = {"table_bytes": pages * args.page_size, "page_size": args.page_size, "lookups": args.lookups,
          "tasks_per_worker": args.tasks_per_worker, "single": not args.no_single,
-         "repeat": args.repeat, "first_repeat": args.first_repeat or (2 if args.quick else 1),
-         "iterations": args.iterations, "workers_list": workers, "dtype": "int64",
-         "delta": DELTA}  # fmt: skip
+         "repeat": args.repeat or (3 if args.quick else 5), "passes": args.passes or (1 if args.quick else 2),
+         "first_repeat": args.first_repeat or (2 if args.quick else 5),
+         "iterations": (3 if args.quick else 5) if args.iterations is None else args.iterations,
+         "workers_list": workers, "dtype": "int64", "delta": DELTA}  # fmt: skip
     if args.child:
         p["workers"] = workers[0]
         child_main(args.child, args.child_out, cases(args.child, p),
-                   lambda sy, rows: measure(sy, rows, p), label(args.child))  # fmt: skip
+                   lambda sy, rows: measure(sy, rows, p), label(args.child, p["workers"]))  # fmt: skip
         return
     chosen = [s.strip() for s in args.only.split(",") if s.strip()]
     bad = [s for s in chosen if s not in SYSTEMS]
@@ -738,7 +825,7 @@ def main() -> None:
         ap.error(f"unknown system(s) {', '.join(bad)}; choose among {', '.join(SYSTEMS)}")
     argv = [f"--table-mib={table_mib}", f"--lookups={args.lookups}",
             f"--tasks-per-worker={args.tasks_per_worker}", f"--repeat={p['repeat']}",
-            f"--first-repeat={p['first_repeat']}", f"--iterations={args.iterations}",
+            f"--first-repeat={p['first_repeat']}", f"--iterations={p['iterations']}",
             f"--page-size={args.page_size}"] + (["--no-single"] if args.no_single else [])  # fmt: skip
     t0 = time.perf_counter()
     rows: list[dict] = []
@@ -749,24 +836,21 @@ def main() -> None:
         out = {"workload": args.out, "quick": args.quick, "page_size": args.page_size,
                "title": f"Dense and repeated lookups into a {fmt_bytes(p['table_bytes'])} table, "
                         f"{' and '.join(map(str, workers))} workers: first and repeat pass",
-               "params": {**p, "systems": [label(s) for s in chosen], "complete": done,
-                          "elapsed_s": time.perf_counter() - t0,
-                          "command": " ".join(["python bench/run.py dense", *sys.argv[1:]]),
-                          "loadavg": os.getloadavg(), "dev_shm_bytes": shm.f_blocks * shm.f_frsize,
-                          "versions": package_versions(["clamor-jupyter", "numpy", "ray", "dask",
-                                                        "distributed"])},
+               "params": {**p, "systems": chosen, "complete": done, "elapsed_s": time.perf_counter() - t0,
+                          "loadavg": os.getloadavg(), "dev_shm_bytes": shm.f_blocks * shm.f_frsize},
                "rows": rows}  # fmt: skip
         out["goals"] = goals(out)
         return out
 
     for w in workers:  # every system at one worker count, then the next
-        for system in chosen:
-            if args.wait_idle:
-                wait_until_idle(args.wait_idle)
-            progress(f"{label(system)}, {w} workers:")
-            rows += run_child(script, system, [*argv, f"--workers={w}"], cases(system, {**p, "workers": w}),
-                              args.timeout, label(system))  # fmt: skip
-            save(result(False))  # what is measured so far survives the run being stopped
+        q = {**p, "workers": w}
+        every = list(dict.fromkeys(c for system in chosen for c in cases(system, q)))
+        got = run_all(script, chosen, [*argv, f"--workers={w}"], every, args.timeout, args.wait_idle,
+                      label=lambda sy, w=w: label(sy, w), passes=p["passes"])  # fmt: skip
+        program = {label(sy, w): sy for sy in chosen}  # a row's child: only the cases it runs count
+        rows += [r for r in got if r["case"] in cases(program[r["system"]], q)]
+        finish(rows)
+        save(result(False))  # what is measured so far survives the run being stopped
     path = save(final := result(True))
     print(markdown(final, [("Shmem growth", lambda r: fmt_bytes(r.get("shmem_growth"))),
                             ("workers' Pss", lambda r: fmt_bytes(r.get("workers_pss"))),

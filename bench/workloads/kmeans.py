@@ -1,29 +1,55 @@
 #!/usr/bin/env python3
-"""Dense k-means on 2 workers: Clamor vs. MPI (mpi4py + OpenMPI), Dask and Spark.
+"""Dense k-means (Lloyd iterations): Clamor against MPI (mpi4py + OpenMPI), Dask and
+Spark, and the machine's limits.
 
-    python bench/run.py kmeans [--quick] [--repeat R] [--only clamor,mpi,dask,spark]
+    python bench/run.py kmeans [--quick] [--repeat R] [--passes P] [--points N]
+                           [--only clamor,mpi,dask,spark,shm,numpy]
 
 N points x 16 dims float64 (N = 2,000,000, 244 MiB; ``--quick``: 400,000) around k = 16
-Gaussian centres, seeded; the same k initial centroids (seeded picks) for everybody; a
-fixed number of Lloyd iterations (R: 10, quick 5). Every system runs the same numpy
-kernel (:func:`assign`: squared distances by a matrix product, argmin, per-cluster sums
-and counts by ``bincount``) on the same P = 8 partitions (MPI: one contiguous half per
-rank), and the new centroids are sums / counts:
+Gaussian centres, seeded; the same k initial centroids (seeded picks) for every system.
+Every system runs the same numpy kernel (:func:`assign`: squared distances by a matrix
+product, argmin, per-cluster sums and counts by ``bincount``) on the same P = 8
+partitions (MPI: one contiguous part per rank), and the new centroids are sums / counts.
+Every task knows the same: its partition and the current centroids (16 x 16, shipped
+by value with the task on every system).
 
-* **clamor**: the points in the arena (``clamor.asarray``), ``cluster.parallelize(points,
-  partitions=P)`` (arena slices, demand-paged once, then cached), one action per
-  iteration whose tasks add into two accumulators; the centroids travel with the tasks.
-* **mpi**: ``mpirun -n 2 --allow-run-as-root --oversubscribe`` this script; each rank
-  generates its half, then per iteration ``Allreduce`` of sums and counts.
-* **dask**: the partitions scattered to the workers once, then per iteration
-  ``client.map(assign, parts, c=centroids)`` and ``client.gather``.
-* **spark**: ``local[2]``, ``sc.parallelize(parts, P).cache()``, per iteration a
-  broadcast of the centroids and ``rdd.map(...).reduce(...)``.
+Systems, each in its own child process (``peers.WORKERS`` workers: 2):
 
-Reported: seconds per iteration (median, min-max; the first iteration includes Clamor's
-paging the points in), bytes moved per iteration, peak worker RSS. Every system's final
-centroids must match a reference computed in this process (rtol 1e-6), else the row is
-marked wrong. Uses the child-process helpers of ``logreg.py``.
+* **clamor**: ``clamor.asarray(points)`` (a copy into the arena), ``cluster.parallelize(
+  points, partitions=P)`` (arena slices: the workers demand-page their partition once,
+  then keep it), one action an iteration whose tasks add into two accumulators.
+* **mpi**: ``mpirun -n W --allow-run-as-root --oversubscribe`` this script; each rank
+  generates its own part (untimed: an MPI program reads its slice itself, nothing is
+  shipped), then per iteration ``Allreduce`` of the sums and counts.
+* **dask**: ``client.scatter(parts)`` once (Dask's docs, "Data Locality": scatter data
+  once, pass the futures), then per iteration ``client.map(assign, parts, c=c)`` and
+  ``client.gather`` (``peers.DaskSession``).
+* **spark**: ``local[W]``, ``sc.parallelize(parts, P).cache()``, per iteration a
+  broadcast of the centroids and ``mapPartitions(...).reduce(...)``. Spark's MLlib
+  ``KMeans`` is not a row: ``pyspark.ml``'s cannot start from given centroids (its
+  ``initMode`` is random or k-means||), so its answer could not be checked against the
+  others', and ``pyspark.mllib``'s ``KMeans.train(initialModel=...)`` converts every row
+  from Python to the JVM in each call (a call runs all its iterations, so no
+  per-iteration time is measured either).
+* **shm** ("limit: shared memory, W processes"): a ``multiprocessing`` fork pool made
+  before the points exist; the points copied into a ``SharedMemory`` block that the
+  processes attach by name; ``pool.map`` of the partitions.
+* **numpy** ("limit: numpy, one process"): the partitions in turn in the child itself.
+
+Protocol (``harness.run_all``, ``--passes`` P, 2 by default, A B C A B C ...), per child:
+
+* **first iteration (cold)**: from the points in the driver's memory to the first
+  centroids: the shipping (arena copy, scatter, parallelize + cache, shared-memory copy;
+  its seconds are ``ship_runs``) and the first iteration, on a freshly started system
+  (its start-up untimed). MPI ships nothing.
+* an untimed warm-up iteration at full size;
+* **per iteration (steady)**: ``--repeat`` R (10; quick 5) timed iterations.
+
+Every child's final centroids must match a reference computed in the parent with the
+same number of iterations (rtol 1e-6), else the row is marked wrong. Bytes moved per
+iteration: Clamor's fetched pages; the peers' centroids out and sums/counts back (and the
+points in the cold iteration). Goals compare Clamor with each peer's faster program;
+their explanations are computed from the rows. Writes ``bench/results/kmeans.json``.
 """
 
 from __future__ import annotations
@@ -40,14 +66,35 @@ from pathlib import Path
 import harness
 import numpy as np
 from harness import progress
-from harness.results import goal, ratio, row, save, unavailable
+from harness.results import goal, median, row, save, unavailable
+from peers import (
+    WORKERS,
+    DaskSession,
+    SharedMemorySession,
+    _shm_view,
+    arguments,
+    family,
+    limit_row,
+    markdown,
+    systems,
+)
 
 from workloads.logreg import RssSampler
 
-WORKERS = 2
-SYSTEMS = ("clamor", "mpi", "dask", "spark")
+PROGRAMS = ("clamor", "mpi", "dask", "spark", "shm", "numpy")
+LABELS = {"shm": f"limit: shared memory, {WORKERS} processes",
+          "numpy": "limit: numpy, one process"}  # fmt: skip
+LIMITS = ("shm", "numpy")
 BLOCK = 1 << 16  # rows generated per seeded block (any slice can be generated alone)
-CASE = "per iteration"
+COLD, STEADY = "first iteration (cold)", "per iteration (steady)"
+CASES = (COLD, STEADY)
+
+
+def label(system: str) -> str:
+    return LABELS.get(system, system)
+
+
+# --- the data and the kernel, the same everywhere ------------------------------------------
 
 
 def make_points(lo: int, hi: int, p: dict) -> np.ndarray:
@@ -76,6 +123,8 @@ def bounds(p: dict, parts: int) -> list[tuple[int, int]]:
 
 def assign(x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-cluster sums (k x d) and counts (k) of the points ``x`` nearest each centroid."""
+    import numpy as np
+
     k = len(c)
     d2 = (c * c).sum(axis=1)[None, :] - 2.0 * (x @ c.T)  # + |x|^2, the same for every c
     label = np.argmin(d2, axis=1)
@@ -91,89 +140,275 @@ def new_centroids(sums: np.ndarray, counts: np.ndarray, old: np.ndarray) -> np.n
     return out
 
 
-def reference(p: dict) -> np.ndarray:
-    """The final centroids, computed here partition by partition (as the systems do)."""
+def total(results) -> tuple[np.ndarray, np.ndarray]:
+    return sum(r[0] for r in results), sum(r[1] for r in results)
+
+
+def reference(p: dict, iterations: int) -> np.ndarray:
+    """The centroids after ``iterations``, computed here partition by partition."""
     parts = [make_points(lo, hi, p) for lo, hi in bounds(p, p["partitions"])]
     c = initial_centroids(p)
-    for _ in range(p["iterations"]):
-        res = [assign(x, c) for x in parts]
-        c = new_centroids(sum(r[0] for r in res), sum(r[1] for r in res), c)
+    for _ in range(iterations):
+        c = new_centroids(*total([assign(x, c) for x in parts]), c)
     return c
 
 
-def result_row(system: str, seconds: list[float], c: np.ndarray, moved: list[int], rss: int,
-               note: str = "", **extra: object) -> dict:
-    return row(system, CASE, seconds, bytes_moved=int(np.median(moved)) if moved else None,
-               peak_worker_rss=rss, note=note, centroids=c.tolist(), bytes_per_iteration=moved,
-               **extra)
+def payload(p: dict) -> int:
+    """Bytes a task-based program moves an iteration: centroids out, sums and counts back."""
+    k, d = p["k"], p["dims"]
+    return p["partitions"] * (k * d * 8 + k * d * 8 + k * 8)
 
 
-def lloyd(p: dict, step, label: str, after=None) -> tuple[list[float], np.ndarray]:
-    """Run the iterations: ``step(c)`` returns (sums, counts) over all the points;
-    ``after()`` runs after each (untimed)."""
-    c, seconds = initial_centroids(p), []
-    for it in range(p["iterations"]):
-        t0 = time.perf_counter()
-        sums, counts = step(c)
-        c = new_centroids(sums, counts, c)
-        seconds.append(time.perf_counter() - t0)
-        if int(counts.sum()) != p["points"]:
-            raise RuntimeError(f"{label}: iteration {it + 1} counted {int(counts.sum())} points")
-        if after is not None:
-            after()
-        progress(f"  {label} iteration {it + 1}: {seconds[-1]:.3f} s")
-    return seconds, c
+# --- the systems: load() ships the points (timed in the cold case), step(c) an iteration ---
 
 
-# --- the systems -------------------------------------------------------------------------------
+class System:
+    """One system holding the points; ``moved_cold`` / ``moved_step``: bytes it moves."""
+
+    note = ""
+
+    def __init__(self, p: dict) -> None:
+        self.p = p
+        self.pids: list[int] = []
+        self.fields: dict = {}  # extra row fields
+
+    def load(self, points: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def step(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def moved_cold(self) -> int:
+        return self.p["points"] * self.p["dims"] * 8 + payload(self.p)
+
+    def moved_step(self) -> int:
+        return payload(self.p)
+
+    def close(self) -> None:
+        pass
 
 
-def run_clamor(p: dict) -> list[dict]:
-    import clamor
+class ClamorSystem(System):
+    note = "bytes: pages the workers fetched (the cold iteration pages the points in)"
 
-    points = clamor.asarray(make_points(0, p["points"], p))
-    sampler = RssSampler()
-    cluster = clamor.Cluster(workers=WORKERS)
-    try:
-        sampler.pids = [s["pid"] for s in cluster.worker_stats()]
+    def __init__(self, p: dict) -> None:
+        super().__init__(p)
+        import clamor
+
+        self.clamor = clamor
+        self.cluster = clamor.Cluster(workers=WORKERS)
+        self.pids = [s["pid"] for s in self.cluster.worker_stats()]
+        self.fields = {"page_size": self.cluster.page_size}
         k, d = p["k"], p["dims"]
-        sums, counts = cluster.accumulator((k, d)), cluster.accumulator(k, dtype=np.int64)
-        ds = cluster.parallelize(points, partitions=p["partitions"])
-        moved: list[int] = []
+        self.sums, self.counts = self.cluster.accumulator((k, d)), self.cluster.accumulator(k, dtype=np.int64)
+        self.last = 0
 
-        def fetched() -> int:
-            return sum(s.get("bytes_fetched", 0) for s in cluster.worker_stats())
+    def load(self, points: np.ndarray) -> None:
+        self.ds = self.cluster.parallelize(self.clamor.asarray(points), partitions=self.p["partitions"])
 
-        def step(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            sums.reset()
-            counts.reset()
+    def step(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        sums, counts = self.sums, self.counts
+        sums.reset()
+        counts.reset()
 
-            def task(part: np.ndarray) -> np.ndarray:  # c travels by value with the task
-                s, m = assign(part, c)
-                sums.add(slice(None), s)
-                counts.add(slice(None), m)
-                return np.array([len(part)])
+        def task(part: np.ndarray) -> np.ndarray:  # c travels by value with the task
+            s, m = assign(part, c)
+            sums.add(slice(None), s)
+            counts.add(slice(None), m)
+            return np.array([len(part)])
 
-            ds.map_partitions(task).collect()
-            return sums.value.copy(), counts.value.copy()
+        self.ds.map_partitions(task).collect()
+        return sums.value.copy(), counts.value.copy()
 
-        before = [fetched()]
+    def fetched(self) -> int:
+        now = sum(s.get("bytes_fetched", 0) for s in self.cluster.worker_stats())
+        out, self.last = now - self.last, now
+        return out
 
-        def count_bytes() -> None:
-            now = fetched()
-            moved.append(now - before[0])
-            before[0] = now
+    moved_cold = moved_step = fetched
 
-        seconds, c = lloyd(p, step, "clamor", after=count_bytes)
-        return [result_row("clamor", seconds, c, moved, sampler.stop(), page_size=cluster.page_size,
-                           note="bytes: pages the workers fetched (iteration 1 pages the points in)")]
+    def close(self) -> None:
+        self.cluster.close()
+
+
+class DaskSystem(System):
+    def __init__(self, p: dict) -> None:
+        super().__init__(p)
+        self.session = DaskSession()
+        self.client = self.session.client
+        self.pids = list(self.client.run(os.getpid).values())
+
+    def load(self, points: np.ndarray) -> None:
+        from dask.distributed import wait
+
+        self.parts = self.client.scatter([points[lo:hi] for lo, hi in bounds(self.p, self.p["partitions"])],
+                                         hash=False)  # fmt: skip
+        wait(self.parts)
+
+    def step(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return total(self.client.gather(self.client.map(assign, self.parts, c=c, pure=False)))
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _spark_assign(it, c):
+    """A Spark partition (an iterator of point blocks) -> one (sums, counts) pair."""
+    out = None
+    for x in it:
+        s, m = assign(x, c)
+        out = (s, m) if out is None else (out[0] + s, out[1] + m)
+    return [] if out is None else [out]
+
+
+class SparkSystem(System):
+    note = f"local[{WORKERS}] (one JVM executor, Python workers reused); RSS: the JVM with its Python workers"
+
+    def __init__(self, p: dict) -> None:
+        super().__init__(p)
+        import psutil
+        from pyspark.sql import SparkSession
+
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # else Spark binds the host's external address
+        self.spark = (SparkSession.builder.master(f"local[{WORKERS}]").appName("clamor-kmeans")
+                      .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+                      .config("spark.ui.enabled", "false").config("spark.driver.memory", "6g")
+                      .config("spark.python.worker.reuse", "true")
+                      .config("spark.ui.showConsoleProgress", "false").getOrCreate())  # fmt: skip
+        self.sc = self.spark.sparkContext
+        self.sc.setLogLevel("ERROR")
+        self.java = [q.pid for q in psutil.Process().children() if "java" in q.name()]
+        self.pids = self.java
+
+    def load(self, points: np.ndarray) -> None:
+        parts = [points[lo:hi] for lo, hi in bounds(self.p, self.p["partitions"])]
+        self.rdd = self.sc.parallelize(parts, self.p["partitions"]).cache()
+
+    def step(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        bc = self.sc.broadcast(c)
+        out = self.rdd.mapPartitions(lambda it: _spark_assign(it, bc.value)).reduce(
+            lambda a, b: (a[0] + b[0], a[1] + b[1]))  # fmt: skip
+        bc.unpersist()
+        return out
+
+    def close(self) -> None:
+        self.spark.stop()
+
+
+#: In a pool process of the shared-memory limit: the points' block, attached once.
+def _shm_assign(a: tuple) -> tuple[np.ndarray, np.ndarray]:
+    name, n, d, lo, hi, c = a
+    return assign(_shm_view(name, n * d).view(np.float64).reshape(n, d)[lo:hi], c)
+
+
+class ShmSystem(System):
+    """The limit: W fork-pool processes (made before the points exist) over a SharedMemory block."""
+
+    note = "the cold iteration copies the points into a SharedMemory block"
+
+    def __init__(self, p: dict) -> None:
+        super().__init__(p)
+        self.session = SharedMemorySession()
+        self.pids = [q.pid for q in self.session.pool._pool]
+
+    def load(self, points: np.ndarray) -> None:
+        block = self.session.shared_memory.SharedMemory(name=f"clamor-kmeans-{os.getpid()}", create=True,
+                                                        size=points.nbytes)  # fmt: skip
+        view = np.ndarray(points.shape, np.float64, buffer=block.buf)
+        np.copyto(view, points)
+        self.session.blocks.append((block, view))
+        self.name, (self.n, self.d) = block.name, points.shape
+
+    def step(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        tasks = [(self.name, self.n, self.d, lo, hi, c) for lo, hi in bounds(self.p, self.p["partitions"])]
+        return total(self.session.pool.map(_shm_assign, tasks, chunksize=1))
+
+    def moved_cold(self) -> int:
+        return 0
+
+    moved_step = moved_cold
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class NumpySystem(System):
+    note = "every partition in turn, in one process"
+
+    def __init__(self, p: dict) -> None:
+        super().__init__(p)
+        self.pids = [os.getpid()]
+
+    def load(self, points: np.ndarray) -> None:
+        self.parts = [points[lo:hi] for lo, hi in bounds(self.p, self.p["partitions"])]
+
+    def step(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return total([assign(x, c) for x in self.parts])
+
+    def moved_cold(self) -> int:
+        return 0
+
+    moved_step = moved_cold
+
+
+SYSTEMS = {"clamor": ClamorSystem, "dask": DaskSystem, "spark": SparkSystem, "shm": ShmSystem, "numpy": NumpySystem}  # fmt: skip
+
+
+# --- the protocol, in each child -----------------------------------------------------------
+
+
+def _rows(name: str, cold: list[float], steady: list[float], c: np.ndarray, moved: dict, rss: int,
+          note: str, limit: bool, ship: list[float] | None = None, **extra: object) -> list[dict]:  # fmt: skip
+    common = {"peak_worker_rss": rss, "note": note, "limit": limit, "centroids_runs": [c.tolist()], **extra}
+    out = [row(name, STEADY, steady, bytes_moved=int(median(moved[STEADY])), bytes_runs=moved[STEADY], **common)]
+    if cold:
+        out.insert(0, row(name, COLD, cold, bytes_moved=int(median(moved[COLD])), bytes_runs=moved[COLD],
+                          ship_runs=ship or [], **common))  # fmt: skip
+    return out
+
+
+def measure(system: str, rows: harness.Rows, p: dict) -> None:
+    """In the child: start (untimed), the cold iteration, a warm-up, R timed iterations."""
+    if system == "mpi":
+        rows.extend(run_mpi(p))
+        return
+    name = label(system)
+    points = make_points(0, p["points"], p)
+    sampler = RssSampler()
+    t = time.perf_counter()
+    s = SYSTEMS[system](p)
+    progress(f"  {name}: started in {time.perf_counter() - t:.1f} s")
+    sampler.pids = s.pids
+    try:
+        c = initial_centroids(p)
+        t = time.perf_counter()
+        s.load(points)
+        ship = time.perf_counter() - t
+        c = new_centroids(*s.step(c), c)
+        cold = [time.perf_counter() - t]
+        moved = {COLD: [s.moved_cold()], STEADY: []}
+        progress(f"  {name} cold iteration: {cold[0]:.3f} s (shipping {ship:.3f} s)")
+        c = new_centroids(*s.step(c), c)  # the untimed warm-up
+        s.moved_step()
+        steady = []
+        for _ in range(p["repeat"]):
+            t = time.perf_counter()
+            sums, counts = s.step(c)
+            c = new_centroids(sums, counts, c)
+            steady.append(time.perf_counter() - t)
+            moved[STEADY].append(s.moved_step())
+            if int(counts.sum()) != p["points"]:
+                raise RuntimeError(f"{name}: an iteration counted {int(counts.sum())} points")
+        progress(f"  {name} steady: " + " ".join(f"{x:.3f}" for x in steady) + " s")
+        rows.extend(_rows(name, cold, steady, c, moved, sampler.stop(), s.note, system in LIMITS, [ship],
+                          **s.fields))
     finally:
         sampler.stop()
-        cluster.close()
+        s.close()
 
 
 def mpi_main(p: dict, out: Path) -> None:
-    """One MPI rank (under mpirun): its half of the points, Allreduce per iteration."""
+    """One MPI rank (under mpirun): its part of the points, Allreduce per iteration."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -183,195 +418,144 @@ def mpi_main(p: dict, out: Path) -> None:
     k, d = p["k"], p["dims"]
     sums, counts = np.empty((k, d)), np.empty(k, np.int64)
 
-    def step(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def step(c: np.ndarray) -> np.ndarray:
         s, m = assign(x, c)
         comm.Allreduce(s, sums, op=MPI.SUM)
         comm.Allreduce(m, counts, op=MPI.SUM)
-        return sums, counts
+        return new_centroids(sums, counts, c)
 
     comm.Barrier()
-    seconds, c = lloyd(p, step, f"mpi rank {rank}")
+    t = time.perf_counter()
+    c = step(initial_centroids(p))
+    cold = [time.perf_counter() - t]
+    c = step(c)  # the untimed warm-up
+    steady = []
+    for _ in range(p["repeat"]):
+        comm.Barrier()
+        t = time.perf_counter()
+        c = step(c)
+        steady.append(time.perf_counter() - t)
     rss = comm.gather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, root=0)
     if rank == 0:
-        moved = (sums.nbytes + counts.nbytes) * 2 * size  # each rank's sends of the two Allreduces
-        out.write_text(json.dumps([result_row(
-            "mpi", seconds, c, [moved] * len(seconds), max(rss),
-            note=f"{size} ranks; bytes: the Allreduce payloads; RSS: ru_maxrss of the ranks")]))
+        each = (sums.nbytes + counts.nbytes) * 2 * size  # each rank's sends of the two Allreduces
+        moved = {COLD: [each], STEADY: [each] * len(steady)}
+        note = f"{size} ranks, each generating its own part (untimed); RSS: ru_maxrss of the ranks"
+        out.write_text(json.dumps(_rows("mpi", cold, steady, c, moved, max(rss), note, False, [0.0])))
 
 
 def run_mpi(p: dict) -> list[dict]:
     try:
         import mpi4py  # noqa: F401
     except ImportError as exc:
-        return [unavailable("mpi", CASE, f"mpi4py not installed ({exc})")]
+        return [unavailable("mpi", c, f"mpi4py not installed ({exc})") for c in CASES]
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"clamor-kmeans-mpi-{os.getpid()}.json"
     cmd = ["mpirun", "-n", str(WORKERS), "--allow-run-as-root", "--oversubscribe",
-           *harness.workload_command(__file__), "--mpi-rank", "--child-out", str(out),
-           "--params", json.dumps(p)]
+           *harness.workload_command(__file__), "--mpi-rank", "--child-out", str(out), "--params", json.dumps(p)]
     try:
         proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, timeout=600, check=False)
     except FileNotFoundError as exc:
-        return [unavailable("mpi", CASE, f"mpirun not found ({exc}); apt-get install openmpi-bin")]
+        return [unavailable("mpi", c, f"mpirun not found ({exc})") for c in CASES]
     try:
         if proc.returncode != 0 or not out.exists():
-            return [unavailable("mpi", CASE, f"failed: mpirun exited with status {proc.returncode}")]
+            return [unavailable("mpi", c, f"mpirun exited with status {proc.returncode}") for c in CASES]
         return json.loads(out.read_text())
     finally:
         out.unlink(missing_ok=True)
 
 
-def run_dask(p: dict) -> list[dict]:
-    try:
-        from dask.distributed import Client, LocalCluster, wait
-    except ImportError as exc:
-        return [unavailable("dask", CASE, f"not installed ({exc})")]
-    sampler = RssSampler()
-    cluster = LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True,
-                           dashboard_address=None, memory_limit=0)
-    client = Client(cluster)
-    try:
-        client.wait_for_workers(WORKERS, timeout=120)
-        sampler.pids = list(client.run(os.getpid).values())
-        parts = client.scatter([make_points(lo, hi, p) for lo, hi in bounds(p, p["partitions"])],
-                               hash=False)
-        wait(parts)
-
-        def step(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            res = client.gather(client.map(assign, parts, c=c, pure=False))
-            return sum(r[0] for r in res), sum(r[1] for r in res)
-
-        seconds, c = lloyd(p, step, "dask")
-        moved = _payload(p)
-        return [result_row("dask", seconds, c, [moved] * len(seconds), sampler.stop(),
-                           note="bytes: centroids to and sums/counts from each task")]
-    finally:
-        sampler.stop()
-        client.close()
-        cluster.close()
+# --- the parent: checks, goals with computed explanations ------------------------------------
 
 
-def _payload(p: dict) -> int:
-    """Bytes a task-based peer moves per iteration: centroids out, sums and counts back."""
-    k, d = p["k"], p["dims"]
-    return p["partitions"] * (k * d * 8 + k * d * 8 + k * 8)
+def check(rows: list[dict], p: dict) -> None:
+    """Every child's final centroids against the reference of as many iterations."""
+    refs: dict[int, np.ndarray] = {}
+    for r in rows:
+        runs = r.pop("centroids_runs", None) or []
+        if not r["seconds"]:
+            continue
+        n = 2 + p["repeat"]
+        if n not in refs:
+            refs[n] = reference(p, n)
+        errs = [float(np.abs(np.array(c) - refs[n]).max()) for c in runs]
+        r["checked"] = r["correct"] = bool(runs) and all(
+            np.allclose(c, refs[n], rtol=1e-6, atol=1e-9) for c in runs)  # fmt: skip
+        r["centroid_error"] = max(errs, default=None)
+        if not r["checked"]:
+            r["note"] = "; ".join(x for x in (f"WRONG: centroids differ by {max(errs, default=0):.3g}",
+                                               r["note"]) if x)  # fmt: skip
+        if r.get("ship_runs"):
+            r["ship_s"] = median(r["ship_runs"])
 
 
-def _spark_assign(it, c):
-    """A Spark partition (an iterator of point blocks) -> one (sums, counts) pair."""
-    total = None
-    for x in it:
-        s, m = assign(x, c)
-        total = (s, m) if total is None else (total[0] + s, total[1] + m)
-    return [] if total is None else [total]
+def best(rows: list[dict], peer: str, case: str) -> dict | None:
+    mine = [r for r in rows if family(r["system"]) == peer and r["case"] == case and r["seconds"]
+            and r.get("checked") is not False]  # fmt: skip
+    return min(mine, key=lambda r: median(r["seconds"]), default=None)
 
 
-def run_spark(p: dict) -> list[dict]:
-    try:
-        from pyspark.sql import SparkSession
-    except Exception as exc:  # noqa: BLE001 - a broken install raises more than ImportError
-        return [unavailable("spark", CASE, f"pyspark does not import ({type(exc).__name__}: {exc})")]
-    import psutil
-
-    sampler = RssSampler()
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # else Spark binds the host's external address
-    try:
-        spark = (SparkSession.builder.master(f"local[{WORKERS}]").appName("clamor-kmeans")
-                 .config("spark.driver.bindAddress", "127.0.0.1")
-                 .config("spark.driver.host", "127.0.0.1")
-                 .config("spark.ui.enabled", "false").config("spark.driver.memory", "4g")
-                 .config("spark.python.worker.reuse", "true")
-                 .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    except Exception as exc:  # noqa: BLE001 - e.g. no Java
-        return [unavailable("spark", CASE, f"could not start ({type(exc).__name__}: {exc})")]
-    try:
-        sc = spark.sparkContext
-        sc.setLogLevel("ERROR")
-        sampler.pids = [q.pid for q in psutil.Process().children() if "java" in q.name()]
-        blocks = [make_points(lo, hi, p) for lo, hi in bounds(p, p["partitions"])]
-        rdd = sc.parallelize(blocks, p["partitions"]).cache()
-        rdd.count()
-        del blocks
-
-        def step(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            bc = sc.broadcast(c)
-            out = rdd.mapPartitions(lambda it: _spark_assign(it, bc.value)).reduce(
-                lambda a, b: (a[0] + b[0], a[1] + b[1]))
-            bc.unpersist()
-            return out
-
-        seconds, c = lloyd(p, step, "spark")
-        return [result_row("spark", seconds, c, [_payload(p)] * len(seconds), sampler.stop(),
-                           note=f"local[{WORKERS}] (one JVM executor, Python workers); RSS: the JVM "
-                                "with its Python workers; bytes: broadcast centroids, sums/counts back")]
-    finally:
-        sampler.stop()
-        spark.stop()
+def ms(s: float) -> str:
+    return f"{1e3 * s:.0f} ms"
 
 
-RUNNERS = {"clamor": run_clamor, "mpi": run_mpi, "dask": run_dask, "spark": run_spark}
+def goals(result: dict) -> list[dict]:
+    """Issue 8's k-means goals, per case, against each peer's faster program."""
+    rows, out = result["rows"], []
+    for peer, target, text in (("mpi", 1 / 1.5, "within 1.5x of MPI (mpi ÷ clamor >= 0.67)"),
+                               ("dask", 1.0, "no slower than Dask"), ("spark", 1.0, "no slower than Spark")):
+        for case in CASES:
+            c, q = best(rows, "clamor", case), best(rows, peer, case)
+            name = f"{case}: {text}" + (f" ({q['system']})" if q and q["system"] != peer else "")
+            if not c or not q:
+                missing = "clamor" if not c else peer
+                why = next((r["note"] for r in rows if family(r["system"]) == missing and r["case"] == case
+                            and r["note"]), "not measured")  # fmt: skip
+                out.append(goal(name, None, target, f"{missing}: {why}"))
+                continue
+            why = f"clamor median {ms(median(c['seconds']))}, {q['system']} {ms(median(q['seconds']))}"
+            if case == COLD and c.get("ship_s") is not None:
+                why += (f" (shipping: clamor {ms(c['ship_s'])}, {q['system']} "
+                        f"{ms(q.get('ship_s') or 0.0)})")  # fmt: skip
+            if lim := limit_row(rows, case):
+                why += (f"; {lim['system']} {ms(median(lim['seconds']))}: clamor is "
+                        f"{median(c['seconds']) / median(lim['seconds']):.2f}x it")  # fmt: skip
+            out.append(goal(name, median(q["seconds"]) / median(c["seconds"]), target, why))
+    return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="400,000 points, 5 iterations")
-    ap.add_argument("--repeat", type=int, default=None, help="iterations (10; quick 5)")
-    ap.add_argument("--only", default=",".join(SYSTEMS))
-    ap.add_argument("--points", type=int, default=None)
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per system")
-    ap.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
+    ap = arguments(__doc__.split("\n\n")[0], "400,000 points, 1 pass of 5 iterations", PROGRAMS)
+    ap.add_argument("--points", type=int, default=None, help="points (2,000,000; quick 400,000)")
     ap.add_argument("--mpi-rank", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--params", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mpi_rank:
         mpi_main(json.loads(args.params), args.child_out)
         return
     if args.child:
-        params = json.loads(args.params)
-        harness.child_main(args.child, args.child_out, params["cases"],
-                           lambda system, rows: rows.extend(RUNNERS[system](params)))
+        p = json.loads(args.params)
+        harness.child_main(args.child, args.child_out, CASES, lambda sy, rows: measure(sy, rows, p),
+                           label(args.child))  # fmt: skip
         return
     p = {"points": args.points or (400_000 if args.quick else 2_000_000), "dims": 16, "k": 16,
-         "iterations": args.repeat or (5 if args.quick else 10), "partitions": 8, "seed": 11,
-         "workers": WORKERS, "quick": args.quick, "cases": [CASE]}
-    systems = [s for s in args.only.split(",") if s]
-    ref = reference(p)
-    rows = harness.run_all(Path(__file__).resolve(), systems, ["--params", json.dumps(p)], p["cases"],
-                           args.timeout)
-    for r in rows:
-        if r["seconds"] and "centroids" in r:
-            ok = bool(np.allclose(r["centroids"], ref, rtol=1e-6, atol=1e-9))
-            r["correct"] = ok
-            if not ok:
-                err = float(np.abs(np.array(r["centroids"]) - ref).max())
-                r["note"] = (r["note"] + "; " if r["note"] else "") + f"WRONG: centroids differ by {err:.3g}"
-    result = {"workload": "kmeans", "quick": args.quick, "rows": rows, "page_size": None,
-              "title": "Dense k-means: Clamor vs. MPI, Dask and Spark",
-              "params": {**{k: v for k, v in p.items() if k != "cases"},
-                         "points_bytes": p["points"] * p["dims"] * 8,
-                         "timed": "per iteration: the assignment stage/step, the merge of sums "
-                                  "and counts and the new centroids"}}
-    ps = next((r.get("page_size") for r in rows if r["system"] == "clamor"), None)
-    result["page_size"] = ps
-    want = {"mpi": (1 / 1.5, "within 1.5x of MPI (mpi/clamor >= 0.67)"),
-            "dask": (1.0, "faster than Dask"), "spark": (1.0, "faster than Spark")}
-    result["goals"] = []
-    for peer in systems:
-        if peer in want:
-            r = ratio(result, peer, CASE)
-            target, text = want[peer]
-            why = "not measured" if r is None else "" if r >= target else "see the per-iteration times"
-            result["goals"].append(goal(text, r, target, why))
+         "repeat": args.repeat or (5 if args.quick else 10), "passes": args.passes or (1 if args.quick else 2),
+         "partitions": 8, "seed": 11, "workers": WORKERS}  # fmt: skip
+    chosen = systems(ap, args.only, PROGRAMS)
+    t0 = time.perf_counter()
+    rows = harness.run_all(Path(__file__).resolve(), chosen, ["--params", json.dumps(p)], CASES, args.timeout,
+                           args.wait_idle, label=label, passes=p["passes"])  # fmt: skip
+    check(rows, p)
+    result = {"workload": "kmeans", "quick": args.quick, "page_size": None, "rows": rows,
+              "title": f"Dense k-means, {p['points']:,} x {p['dims']} points, k = {p['k']}: Clamor vs. MPI, "
+                       "Dask and Spark",
+              "params": {**p, "points_bytes": p["points"] * p["dims"] * 8, "systems": [label(s) for s in chosen],
+                         "limits": [label(s) for s in LIMITS if s in chosen], "elapsed_s": time.perf_counter() - t0,
+                         "timed": "an iteration: the assignment stage, the merge of sums and counts, the new "
+                                  "centroids; the cold case also ships the points"}}  # fmt: skip
+    result["page_size"] = next((r["page_size"] for r in rows if r.get("page_size")), None)
+    result["goals"] = goals(result)
     path = save(result)
-    print("| system | median s/iteration | min–max | peer/clamor | bytes/iteration | peak worker RSS MiB | note |")
-    print("|---|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        s = r["seconds"]
-        ra = ratio(result, r["system"], CASE)
-        print(f"| {r['system']} | {np.median(s):.4f} | {min(s):.4f}–{max(s):.4f} | "
-              f"{'' if ra is None else f'{ra:.2f}'} | {r['bytes_moved']} | "
-              f"{(r['peak_worker_rss'] or 0) / 2**20:.0f} | {r['note']} |" if s else
-              f"| {r['system']} | — | — | — | — | — | {r['note']} |")
+    print(markdown(result, [("shipping (s)", lambda r: f"{r['ship_s']:.3f}" if r.get("ship_s") is not None
+                             else "—")]))  # fmt: skip
     progress(f"wrote {path}")
 
 
