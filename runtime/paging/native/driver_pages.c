@@ -1,0 +1,369 @@
+/* The driver's page table (driver_pages.h): versions, the version log, the directory
+ * and the per-page counters, and the page server's answers from them. How versions
+ * work: driver_pager.c's opening comment. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "clamor.h"
+#include "directory.h"
+#include "driver_base.h"
+#include "driver_pages.h"
+#include "driver_zap.h"
+#include "pager_common.h"
+
+typedef struct logent {
+    uint32_t version, valid_until;
+    struct logent *next;
+    uint8_t data[];
+} logent;
+
+static struct {
+    uint64_t ps, npages;
+    const uint8_t *view; /* the arena's memfd mapped again, read-only and untracked: the page server
+                            and the version log read here, never faulting on a parked chunk */
+    int state_fd;
+    _Atomic uint64_t *state; /* version << 1 | dirty; read by same-host workers */
+    uint32_t *version;
+    uint8_t *flags;
+    logent **log;        /* per page: its sealed older versions, newest first */
+    cl_dir dir;          /* which workers hold each page (directory.h) */
+    uint64_t *requests, *driver_bytes, *peer_bytes;
+    cl_stripes stripes;  /* the page locks */
+    _Atomic uint32_t epoch;
+    _Atomic uint32_t floor; /* epochs below it are no longer served: their versions were freed */
+    uint64_t *inval, ninval, inval_cap; /* what the last stage start invalidated */
+} T = {.state_fd = -1};
+
+static void init_failed(void) { pages_free(); }
+
+int pages_init(uint64_t ps, uint64_t npages, char *err, size_t errlen) {
+    memset(&T, 0, sizeof T);
+    T.state_fd = -1;
+    T.ps = ps, T.npages = npages;
+    cl_stripes_init(&T.stripes);
+    T.version = calloc(npages, sizeof *T.version);
+    T.flags = calloc(npages, 1);
+    clamor_driver_stats *st = driver_stats();
+    int dir_ok = cl_dir_init(&T.dir, npages, &st->directory_bytes, &st->holder_bitmaps) == 0;
+    T.requests = calloc(npages, sizeof *T.requests);
+    T.driver_bytes = calloc(npages, sizeof *T.driver_bytes);
+    T.peer_bytes = calloc(npages, sizeof *T.peer_bytes);
+    T.log = calloc(npages, sizeof *T.log);
+    if (!T.version || !T.flags || !dir_ok || !T.requests || !T.driver_bytes || !T.peer_bytes || !T.log) {
+        init_failed();
+        return CL_ERR("out of memory for the page tables of %llu pages", (unsigned long long)npages);
+    }
+    T.state_fd = memfd_create("clamor-page-state", MFD_CLOEXEC);
+    if (T.state_fd < 0 || ftruncate(T.state_fd, (off_t)(npages * sizeof *T.state))) {
+        init_failed();
+        return CL_ERR("cannot create the page state table: %s", strerror(errno));
+    }
+    T.state = mmap(NULL, npages * sizeof *T.state, PROT_READ | PROT_WRITE, MAP_SHARED, T.state_fd, 0);
+    if (T.state == MAP_FAILED) {
+        T.state = NULL;
+        init_failed();
+        return CL_ERR("cannot map the page state table: %s", strerror(errno));
+    }
+    T.view = mmap(NULL, npages * ps, PROT_READ, MAP_SHARED, clamor_arena_fd(), 0);
+    if (T.view == MAP_FAILED) {
+        T.view = NULL;
+        init_failed();
+        return CL_ERR("cannot map the arena for the page server: %s", strerror(errno));
+    }
+    return 0;
+}
+
+void pages_free(void) {
+    if (T.log)
+        for (uint64_t p = 0; p < T.npages; p++)
+            for (logent *e = T.log[p], *next; e; e = next) next = e->next, free(e);
+    cl_dir_free(&T.dir);
+    free(T.log), free(T.version), free(T.flags), free(T.requests);
+    free(T.driver_bytes), free(T.peer_bytes), free(T.inval);
+    if (T.state) munmap((void *)T.state, T.npages * sizeof *T.state);
+    if (T.state_fd >= 0) close(T.state_fd);
+    if (T.view) munmap((void *)T.view, T.npages * T.ps);
+    memset(&T, 0, sizeof T);
+    T.state_fd = -1;
+}
+
+int pages_state_fd(void) { return T.state_fd; }
+uint32_t pages_epoch(void) { return atomic_load(&T.epoch); }
+
+int pages_serves(uint32_t E) { return !(E == 0 || E > atomic_load(&T.epoch) || E < atomic_load(&T.floor)); }
+
+void pages_lock(uint64_t p) { pthread_mutex_lock(cl_stripe(&T.stripes, p)); }
+void pages_unlock(uint64_t p) { pthread_mutex_unlock(cl_stripe(&T.stripes, p)); }
+
+/* --------------------------------------------------------- page server -- */
+
+/* Resolves (page, epoch) to the bytes of the latest version <= epoch. Page lock held. */
+static void resolve(uint64_t p, uint32_t E, uint8_t *buf, cl_answer *a) {
+    uint32_t v = T.version[p];
+    a->kind = CL_ANSWER_PAGE;
+    if (v <= E) {
+        const uint8_t *src = (T.flags[p] & FL_DIRTY) ? T.log[p]->data : T.view + p * T.ps;
+        memcpy(buf, src, T.ps);
+        a->version = v;
+        a->valid_until = CL_OPEN_ENDED;
+        return;
+    }
+    uint32_t older_than = v;
+    for (logent *e = T.log[p]; e; e = e->next) {
+        if (e->version <= E) {
+            memcpy(buf, e->data, T.ps);
+            a->version = e->version;
+            a->valid_until = e->valid_until;
+            return;
+        }
+        older_than = e->version;
+    }
+    /* The page was first handed out after epoch E: it was never written then. */
+    memset(buf, 0, T.ps);
+    a->version = 0;
+    a->valid_until = older_than - 1;
+}
+
+void pages_answer(uint32_t client, uint32_t E, uint32_t failed, uint64_t p, int may_redirect,
+                  uint8_t *buf, cl_answer *a) {
+    pthread_mutex_t *m = cl_stripe(&T.stripes, p);
+    pthread_mutex_lock(m);
+    T.requests[p]++;
+    if (failed && failed <= CL_MAX_WORKERS) cl_dir_failed(&T.dir, p, failed - 1); /* its redirect failed */
+    int worker = client < CL_MAX_WORKERS;
+    if (T.version[p] <= E && may_redirect && worker && cl_dir_count(&T.dir, p)) {
+        int64_t pick = cl_dir_redirect(&T.dir, p, client); /* the client is a holder-to-be now */
+        if (pick >= 0) {
+            a->kind = CL_ANSWER_REDIRECT;
+            a->version = T.version[p];
+            a->peer_id = (uint32_t)pick;
+            pthread_mutex_unlock(m);
+            return;
+        }
+    }
+    resolve(p, E, buf, a);
+    if (worker && a->version == T.version[p]) cl_dir_add(&T.dir, p, client);
+    T.driver_bytes[p] += T.ps;
+    pthread_mutex_unlock(m);
+}
+
+void pages_have(uint32_t client, const cl_msg *msg) {
+    uint64_t p = msg->page;
+    pthread_mutex_t *m = cl_stripe(&T.stripes, p);
+    pthread_mutex_lock(m);
+    if (msg->flags & CL_HAVE_DROPPED) {
+        cl_dir_remove(&T.dir, p, client);
+        pthread_mutex_unlock(m);
+        ADD(evictions_told, 1);
+        return;
+    }
+    if (T.version[p] == msg->epoch) cl_dir_add(&T.dir, p, client); /* ignores ids past the limit */
+    if (msg->aux == 0) {
+        T.requests[p]++;
+        T.driver_bytes[p] += T.ps;
+        ADD(shm_bytes, T.ps);
+    } else {
+        T.peer_bytes[p] += T.ps, ADD(peer_bytes, T.ps);
+        cl_dir_served(&T.dir, msg->aux - 1); /* that peer's redirect is done */
+    }
+    pthread_mutex_unlock(m);
+}
+
+void pages_set_live(uint32_t w, int live) { cl_dir_set_live(&T.dir, w, live); }
+
+/* Pages with no holders are skipped unlocked; a page that gains one meanwhile gains a
+ * live worker (the caller stopped redirecting to w first, see cl_dir_pick). */
+void pages_forget_holder(uint32_t w) {
+    uint64_t end = atomic_load(&T.dir.end);
+    for (uint64_t p = 0; p < end; p++)
+        if (cl_dir_count(&T.dir, p)) {
+            pthread_mutex_t *m = cl_stripe(&T.stripes, p);
+            pthread_mutex_lock(m);
+            cl_dir_remove(&T.dir, p, w);
+            pthread_mutex_unlock(m);
+        }
+}
+
+uint64_t pages_stats(uint64_t first, uint64_t n, uint64_t *requests, uint64_t *driver_bytes,
+                     uint64_t *peer_bytes, uint32_t *holders, uint32_t *version) {
+    if (first >= T.npages) n = 0;
+    else if (n > T.npages - first) n = T.npages - first;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t p = first + i;
+        requests[i] = T.requests[p] + zap_page_maps(p);
+        driver_bytes[i] = T.driver_bytes[p];
+        peer_bytes[i] = T.peer_bytes[p];
+        holders[i] = cl_dir_count(&T.dir, p);
+        version[i] = T.version[p];
+    }
+    return n;
+}
+
+uint64_t pages_holders(uint64_t first, uint64_t n, uint32_t *counts, uint16_t *ids, uint64_t cap) {
+    uint64_t total = 0, end = first < T.npages ? T.npages - first : 0;
+    uint16_t one[CL_MAX_WORKERS];
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t k = 0;
+        if (i < end) {
+            uint64_t p = first + i;
+            pthread_mutex_t *m = cl_stripe(&T.stripes, p);
+            pthread_mutex_lock(m);
+            k = cl_dir_list(&T.dir, p, one);
+            pthread_mutex_unlock(m);
+        }
+        counts[i] = k;
+        for (uint32_t j = 0; j < k; j++, total++)
+            if (total < cap) ids[total] = one[j];
+    }
+    return total;
+}
+
+int pages_read_version(uint64_t page, uint32_t epoch, uint8_t *out) {
+    if (page >= T.npages) return -CL_ERR_PAGE_RANGE;
+    if (!pages_serves(epoch)) return -CL_ERR_NO_VERSION;
+    cl_answer a;
+    pthread_mutex_t *m = cl_stripe(&T.stripes, page);
+    pthread_mutex_lock(m);
+    resolve(page, epoch, out, &a);
+    pthread_mutex_unlock(m);
+    return (int)a.version;
+}
+
+/* ------------------------------------------------------- write handler -- */
+
+int pages_fresh(uint64_t p) { return (T.flags[p] & FL_PROTECTED) && !(T.flags[p] & FL_DIRTY); }
+int pages_protected(uint64_t p) { return (T.flags[p] & FL_PROTECTED) != 0; }
+
+int pages_first_write(uint64_t p, int keep_old) {
+    int fresh = pages_fresh(p), uncopied = 0;
+    if (fresh && !keep_old) {
+        uncopied = 1;
+        T.flags[p] |= FL_WRITTEN;
+        ADD(uncopied_writes, 1);
+    } else if (fresh) {
+        logent *e = malloc(sizeof *e + T.ps);
+        if (!e) {
+            cl_log("out of memory copying page %llu into the version log", (unsigned long long)p);
+            abort();
+        }
+        e->version = T.version[p], e->valid_until = CL_OPEN_ENDED;
+        memcpy(e->data, T.view + p * T.ps, T.ps);
+        e->next = T.log[p];
+        T.log[p] = e;
+        T.flags[p] |= FL_DIRTY;
+        atomic_store_explicit(&T.state[p], ((uint64_t)T.version[p] << 1) | 1, memory_order_release);
+        /* Between stages no task is reading: the pages written are invalidated on the
+         * workers before the next stage's tasks run (pages_seal lists them), so only a
+         * write during a running stage needs the shoot-down. The stage lock, which the
+         * caller holds, orders this test with the stage start. */
+        if (__atomic_load_n(&driver_stats()->stage_running, __ATOMIC_ACQUIRE)) zap_shoot_down(p);
+        ADD(cow_copies, 1);
+        ADD(version_log_bytes, T.ps);
+        ADD(version_log_entries, 1);
+    }
+    T.flags[p] &= ~FL_PROTECTED;
+    return uncopied;
+}
+
+void pages_mark_written(uint64_t first, uint64_t n) {
+    for (uint64_t p = first; p < first + n && p < T.npages; p++) {
+        pthread_mutex_t *m = cl_stripe(&T.stripes, p);
+        pthread_mutex_lock(m);
+        T.flags[p] |= FL_WRITTEN;
+        pthread_mutex_unlock(m);
+    }
+}
+
+void pages_touch(uint64_t offset) { (void)*(volatile const uint8_t *)(T.view + offset); }
+
+/* --------------------------------------------------------- stage start -- */
+
+void pages_each_unprotected(uint64_t hw, void (*protect)(uint64_t first, uint64_t n)) {
+    for (uint64_t p = 0; p < hw;) {
+        if (T.flags[p] & FL_PROTECTED) { p++; continue; }
+        uint64_t q = p;
+        while (q < hw && !(T.flags[q] & FL_PROTECTED)) q++;
+        protect(p, q - p);
+        p = q;
+    }
+}
+
+void pages_reprotect(uint64_t first, uint64_t end) {
+    for (uint64_t p = first; p < end; p++) {
+        if (!(T.flags[p] & FL_PROTECTED)) T.flags[p] |= FL_WRITTEN;
+        T.flags[p] |= FL_PROTECTED;
+    }
+}
+
+static int written(uint64_t p) { return !(T.flags[p] & FL_PROTECTED) || (T.flags[p] & FL_WRITTEN); }
+
+/* Workers that copy pages are told of the written pages they hold (the directory);
+ * same-host workers keep pages mapped in place across stages, which show the new bytes
+ * under the old version, so they are told of every written page. */
+void pages_seal(uint32_t E, uint64_t hw, int same_host) {
+    T.ninval = 0;
+    for (uint64_t p = 0; p < hw; p++) {
+        if (!written(p)) continue;
+        pthread_mutex_t *m = cl_stripe(&T.stripes, p);
+        pthread_mutex_lock(m);
+        if (T.flags[p] & FL_WRITTEN) ADD(pages_written, 1);
+        if ((T.flags[p] & FL_DIRTY) && T.log[p]) T.log[p]->valid_until = E - 1;
+        if (cl_dir_count(&T.dir, p) || (same_host && T.version[p])) { /* a page never sealed was never mapped */
+            if (T.ninval == T.inval_cap) {
+                T.inval_cap = T.inval_cap ? 2 * T.inval_cap : 1024;
+                T.inval = realloc(T.inval, T.inval_cap * sizeof *T.inval);
+            }
+            T.inval[T.ninval++] = p;
+            cl_dir_clear(&T.dir, p);
+        }
+        T.version[p] = E;
+        T.flags[p] = FL_PROTECTED;
+        atomic_store_explicit(&T.state[p], (uint64_t)E << 1, memory_order_release);
+        pthread_mutex_unlock(m);
+    }
+    ADD(invalidations, T.ninval);
+    atomic_store(&T.epoch, E);
+}
+
+uint64_t pages_invalidated(uint64_t *out, uint64_t cap) {
+    uint64_t n = T.ninval < cap ? T.ninval : cap;
+    if (out && n) memcpy(out, T.inval, n * sizeof *out);
+    return T.ninval;
+}
+
+/* Walking a page's log newest first: a dirty page's head (its sealed current version)
+ * is kept; then every entry newer than floor, and the first one at or below it (what
+ * epoch `floor` itself reads). Requests for epochs below the floor get NO_VERSION from
+ * now on. */
+uint64_t pages_trim_log(uint32_t floor) {
+    uint32_t old = atomic_load(&T.floor);
+    while (floor > old && !atomic_compare_exchange_weak(&T.floor, &old, floor)) {
+    }
+    floor = atomic_load(&T.floor);
+    uint64_t freed = 0;
+    for (uint64_t p = 0; p < T.npages; p++) {
+        if (!T.log[p]) continue;
+        pthread_mutex_t *m = cl_stripe(&T.stripes, p);
+        pthread_mutex_lock(m);
+        logent **link = &T.log[p];
+        if ((T.flags[p] & FL_DIRTY) && *link) link = &(*link)->next;
+        if (T.version[p] > floor) {
+            while (*link && (*link)->version > floor) link = &(*link)->next;
+            if (*link) link = &(*link)->next;
+        }
+        for (logent *e = *link, *next; e; e = next) {
+            next = e->next;
+            free(e);
+            freed++;
+        }
+        *link = NULL;
+        pthread_mutex_unlock(m);
+    }
+    __atomic_fetch_sub(&driver_stats()->version_log_bytes, freed * T.ps, __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&driver_stats()->version_log_entries, freed, __ATOMIC_RELAXED);
+    return freed * T.ps;
+}
