@@ -43,7 +43,8 @@ _refusals = RateLimitedLog(logger)
 #: 6: calls carry a one-time proof of the token, not the token (x-clamor-proof);
 #: Worker.Interrupt stops a cancelled stage's running task.
 #: 7: the control plane is typed: partition keys (PartitionKey), a worker's configuration
-#: (WorkerConfig), info (WorkerInfo) and stats (WorkerStats) travel as messages, not pickles.
+#: (WorkerConfig), info (WorkerInfo) and stats (WorkerStats), and the Observer's snapshots
+#: and stats (QueryReply) travel as messages, not pickles.
 PROTOCOL_VERSION = "7"
 PROTOCOL_METADATA_KEY = "x-clamor-protocol"
 

@@ -171,8 +171,8 @@ def read_entries(directories: list[str | os.PathLike] | None = None,
     """The entries in ``directories`` (default: :func:`registry_dir`) by kernel id.
 
     Files that another user owns or that others may read or write are refused (their
-    credentials could be forged, and a forged address would make the reader unpickle a
-    stranger's reply); unreadable ones are skipped; those of dead processes are removed
+    credentials could be forged, and a forged address would make the reader show a
+    stranger's reply as its kernel's); unreadable ones are skipped; those of dead processes are removed
     (``remove_stale``) and left out.
     """
     entries: dict[str, Entry] = {}

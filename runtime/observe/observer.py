@@ -4,12 +4,13 @@ The jupyter-server extension (extension/) runs in the notebook server, not in
 the kernel that owns the cluster; it asks the kernel's scheduler server for
 snapshots through this service. Calls need the cluster token like every other
 call (and TLS when the cluster uses it); the kernel hands the token only to
-files private to its user (runtime/observe/cluster_registry.py).
+files private to its user (runtime/observe/cluster_registry.py). Replies are typed
+messages (runtime/observe/observed_messages.py): the server unpickles nothing a
+kernel sends it.
 """
 
 from __future__ import annotations
 
-import pickle
 import weakref
 from typing import Any, Protocol
 
@@ -18,6 +19,13 @@ from clamor.runtime.credentials import Credentials
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.transport import connect
+from clamor.runtime.observe.observed_messages import (
+    snapshot_message,
+    snapshot_of,
+    stats_message,
+    stats_of,
+)
+from clamor.runtime.observe.snapshots import ClusterSnapshot
 
 
 class Observed(Protocol):
@@ -26,7 +34,7 @@ class Observed(Protocol):
     @property
     def closed(self) -> bool: ...
 
-    def snapshot(self) -> Any: ...
+    def snapshot(self) -> ClusterSnapshot: ...
 
     def stats(self) -> dict: ...
 
@@ -46,15 +54,13 @@ class ObserverServicer(pb_grpc.ObserverServicer):
         if cluster is None or cluster.closed:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the cluster is closed")
         if request.kind == "snapshot":
-            body: Any = cluster.snapshot()
-        elif request.kind == "stats":
-            body = cluster.stats()
-        else:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"unknown query kind {request.kind!r} (expected one of {', '.join(KINDS)})",
-            )
-        return pb.QueryReply(body=pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL))
+            return pb.QueryReply(snapshot=snapshot_message(cluster.snapshot()))
+        if request.kind == "stats":
+            return pb.QueryReply(stats=stats_message(cluster.stats()))
+        context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"unknown query kind {request.kind!r} (expected one of {', '.join(KINDS)})",
+        )
 
 
 class ObserverClient:
@@ -67,12 +73,14 @@ class ObserverClient:
         self._stub = pb_grpc.ObserverStub(self._channel)
 
     def query(self, kind: str, timeout: float = 10.0) -> Any:
-        """Ask for a ``kind`` (see :data:`KINDS`); raises ``grpc.RpcError``.
-
-        The reply is unpickled: only query clusters whose token you hold (your own kernels).
-        """
+        """Ask for a ``kind`` (see :data:`KINDS`): a :class:`ClusterSnapshot` or the
+        ``Cluster.stats()`` dict, read from typed messages (nothing is unpickled);
+        raises ``grpc.RpcError``, or ``ValueError`` for a reply of another kind."""
         reply = self._stub.Query(pb.QueryRequest(kind=kind), timeout=timeout)
-        return pickle.loads(reply.body)
+        body = reply.WhichOneof("body")
+        if body != kind:
+            raise ValueError(f"asked for a {kind!r}, the cluster answered {body!r}")
+        return snapshot_of(reply.snapshot) if body == "snapshot" else stats_of(reply.stats)
 
     def close(self) -> None:
         self._channel.close()

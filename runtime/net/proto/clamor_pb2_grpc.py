@@ -9,6 +9,8 @@ class ObserverStub(object):
     """---------------------------------------------------------------- Observer
     Served by the driver beside Scheduler; called by read-only observers such as
     the jupyter-server extension (extension/), which hold the cluster token.
+    Its replies are typed: the notebook server never unpickles what a kernel sends it.
+    runtime/observe/observed_messages.py converts them to and from the runtime's values.
     """
 
     def __init__(self, channel):
@@ -28,11 +30,12 @@ class ObserverServicer(object):
     """---------------------------------------------------------------- Observer
     Served by the driver beside Scheduler; called by read-only observers such as
     the jupyter-server extension (extension/), which hold the cluster token.
+    Its replies are typed: the notebook server never unpickles what a kernel sends it.
+    runtime/observe/observed_messages.py converts them to and from the runtime's values.
     """
 
     def Query(self, request, context):
-        """kind "snapshot": a pickled runtime.snapshots.ClusterSnapshot;
-        kind "stats": a pickled cluster.stats() dict.
+        """kind "snapshot": a ClusterSnapshot; kind "stats": a ClusterStats.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,6 +60,8 @@ class Observer(object):
     """---------------------------------------------------------------- Observer
     Served by the driver beside Scheduler; called by read-only observers such as
     the jupyter-server extension (extension/), which hold the cluster token.
+    Its replies are typed: the notebook server never unpickles what a kernel sends it.
+    runtime/observe/observed_messages.py converts them to and from the runtime's values.
     """
 
     @staticmethod
