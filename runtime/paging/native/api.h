@@ -97,7 +97,7 @@ typedef struct {
 
 /* Workers a cluster can have: worker ids are 0 .. CLAMOR_MAX_WORKERS - 1. The driver's
  * directory keeps page holders as 16-bit ids with 1,024-bit sets for hot pages, and
- * same-host zero copy has a shoot-down slot per id (driver_pager.c, pager_common.h). */
+ * same-host zero copy has a shoot-down slot per id (directory.h, pager_common.h). */
 enum { CLAMOR_MAX_WORKERS = 1024 };
 
 int clamor_driver_start(uint64_t page_size, const uint8_t *token, size_t token_len,
@@ -183,7 +183,7 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,
                         const clamor_tls_pem *tls, char *err, size_t errlen);
 void *clamor_worker_base(void);
 int clamor_worker_port(void);
-/* Read sets (worker_pager.c): exact (each task starts with the range unmapped and records
+/* Read sets (worker_read_sets.c): exact (each task starts with the range unmapped and records
  * the pages it faults) or resident (the default: mappings stay across tasks while their
  * versions serve the task's epoch, and a task's read set is every page resident since). */
 void clamor_worker_set_exact_read_sets(int exact);

@@ -1,5 +1,5 @@
 /* The driver's page directory: which workers hold the current version of each page,
- * private to driver_pager.c (which answers a GET with REDIRECT to one of them).
+ * private to driver_pages.c (which answers a GET with REDIRECT to one of them).
  *
  * Its layout, for up to CL_MAX_WORKERS (1,024) workers. A bitset per
  * page would be 128 bytes for every page of the arena (1 GiB for a 32 GiB arena of

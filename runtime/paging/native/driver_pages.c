@@ -38,8 +38,6 @@ static struct {
     uint64_t *inval, ninval, inval_cap; /* what the last stage start invalidated */
 } T = {.state_fd = -1};
 
-static void init_failed(void) { pages_free(); }
-
 int pages_init(uint64_t ps, uint64_t npages, char *err, size_t errlen) {
     memset(&T, 0, sizeof T);
     T.state_fd = -1;
@@ -53,25 +51,19 @@ int pages_init(uint64_t ps, uint64_t npages, char *err, size_t errlen) {
     T.driver_bytes = calloc(npages, sizeof *T.driver_bytes);
     T.peer_bytes = calloc(npages, sizeof *T.peer_bytes);
     T.log = calloc(npages, sizeof *T.log);
-    if (!T.version || !T.flags || !dir_ok || !T.requests || !T.driver_bytes || !T.peer_bytes || !T.log) {
-        init_failed();
+    if (!T.version || !T.flags || !dir_ok || !T.requests || !T.driver_bytes || !T.peer_bytes || !T.log)
         return CL_ERR("out of memory for the page tables of %llu pages", (unsigned long long)npages);
-    }
     T.state_fd = memfd_create("clamor-page-state", MFD_CLOEXEC);
-    if (T.state_fd < 0 || ftruncate(T.state_fd, (off_t)(npages * sizeof *T.state))) {
-        init_failed();
+    if (T.state_fd < 0 || ftruncate(T.state_fd, (off_t)(npages * sizeof *T.state)))
         return CL_ERR("cannot create the page state table: %s", strerror(errno));
-    }
     T.state = mmap(NULL, npages * sizeof *T.state, PROT_READ | PROT_WRITE, MAP_SHARED, T.state_fd, 0);
     if (T.state == MAP_FAILED) {
         T.state = NULL;
-        init_failed();
         return CL_ERR("cannot map the page state table: %s", strerror(errno));
     }
     T.view = mmap(NULL, npages * ps, PROT_READ, MAP_SHARED, clamor_arena_fd(), 0);
     if (T.view == MAP_FAILED) {
         T.view = NULL;
-        init_failed();
         return CL_ERR("cannot map the arena for the page server: %s", strerror(errno));
     }
     return 0;

@@ -86,7 +86,7 @@ broken:
 }
 
 /* Fetches the latest version <= E of page p into its cache slot (the caller installs it,
- * with p marked pending meanwhile: see resolve_fault). */
+ * with p marked pending meanwhile: see worker_pager.c's resolve_fault). */
 void fetch_page(uint64_t p, uint32_t E, uint32_t *v, uint32_t *hi) {
     if (fetch_shm(p, E, v) == 0) {
         *hi = CL_OPEN_ENDED;

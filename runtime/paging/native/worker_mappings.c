@@ -304,7 +304,7 @@ static void *zap_main(void *arg) {
     return NULL;
 }
 
-/* Page p may be mapped from now on: unmap_all unmaps [0, touched). */
+/* Page p may be mapped from now on: maps_unmap_all unmaps [0, touched). */
 void maps_mark_touched(uint64_t p) {
     uint64_t t = atomic_load(&M.touched);
     while (p + 1 > t && !atomic_compare_exchange_weak(&M.touched, &t, p + 1)) {}

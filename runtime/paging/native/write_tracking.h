@@ -1,4 +1,4 @@
-/* Async write tracking of the driver's arena, private to driver_pager.c.
+/* Async write tracking of the driver's arena, private to driver_versions.c.
  *
  * The driver learns of its first write to a page in an epoch from a userfaultfd
  * write-protect trap: a round trip through the handler thread per page (~20 us).
