@@ -259,6 +259,8 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         # Whatever a failure below leaves started (the pager, threads, listening ports) is
         # released before the error propagates: a failed constructor leaves the process clean.
         with contextlib.ExitStack() as undo:
+            launcher.prepare()  # e.g. the local workers' template starts while the rest is set up
+            undo.callback(launcher.close, timeout=0)
             self._paging: DriverPaging = paging if paging is not None else DriverPager(
                 page_size=page_size,
                 token=self._token.encode(),

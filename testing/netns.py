@@ -507,7 +507,7 @@ class NamespaceLauncher(LocalLauncher):
     name = "netns"
 
     def __init__(self, network: Network, env: dict[str, str] | None = None) -> None:
-        super().__init__(env)
+        super().__init__(env, fork=False)  # each worker starts inside its host's namespace
         if not network.hosts:
             raise ValueError("NamespaceLauncher needs a network with at least one host")
         self.network = network

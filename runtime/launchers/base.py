@@ -54,6 +54,10 @@ class Launcher(abc.ABC):
         self.log_dir: str | None = None
         self._keys: dict[str, int] = {}  # launch key -> worker id
 
+    def prepare(self) -> None:
+        """Called first by the cluster's constructor: start what takes time and needs no
+        address or secret yet (nothing by default)."""
+
     def bind(
         self, connect: str, credentials: Credentials, *, host: str, log_dir: str | None
     ) -> None:

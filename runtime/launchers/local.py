@@ -19,10 +19,12 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterable
 from typing import IO
 
 import psutil
 from clamor.runtime.launchers.base import Launcher, worker_command
+from clamor.runtime.launchers.forkserver import ForkedWorker, ForkServer
 
 
 def _running(pid: int) -> bool:
@@ -51,8 +53,8 @@ def _remove_token_file(files: dict[str, str]) -> None:
             pass
 
 
-def _reap(procs: dict[int, subprocess.Popen], logs: list[IO], files: dict[str, str]) -> None:
-    """SIGKILL and wait for every worker still running; remove the token file."""
+def _reap(procs: dict[int, subprocess.Popen | ForkedWorker], logs: list[IO], files: dict[str, str], forks: ForkServer | None) -> None:
+    """SIGKILL and wait for every worker still running; stop the template; remove the token file."""
     for proc in list(procs.values()):  # a replacement may start meanwhile
         if proc.poll() is None:
             try:
@@ -64,27 +66,33 @@ def _reap(procs: dict[int, subprocess.Popen], logs: list[IO], files: dict[str, s
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+    if forks is not None:
+        forks.close()
     for f in logs:
         f.close()
     _remove_token_file(files)
 
 
 class LocalLauncher(Launcher):
-    """Worker subprocesses of one cluster on this machine, keyed by worker id.
+    """Worker processes of one cluster on this machine, keyed by worker id.
 
     ``env``: the workers' environment (default: the driver's). Worker logs go to
     ``worker-<id>.log`` in the cluster's ``log_dir`` (default: the driver's output).
+    ``fork``: fork the workers from one template process that has imported everything
+    (runtime/worker/template.py), instead of a Python start-up each (default: on Linux).
     """
 
     name = "local"
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, fork: bool | None = None) -> None:
         super().__init__()
         self.env = env
-        self._procs: dict[int, subprocess.Popen] = {}
+        self.fork = sys.platform.startswith("linux") if fork is None else fork
+        self._procs: dict[int, subprocess.Popen | ForkedWorker] = {}
         self._logs: list[IO] = []
         self._files: dict[str, str] = {}  # "token": path of the current token file
-        self._finalizer = weakref.finalize(self, _reap, self._procs, self._logs, self._files)
+        self._forks = ForkServer(env) if self.fork else None
+        self._finalizer = weakref.finalize(self, _reap, self._procs, self._logs, self._files, self._forks)
 
     @property
     def token_file(self) -> str | None:
@@ -102,18 +110,32 @@ class LocalLauncher(Launcher):
             self._files["token"] = self.credentials.write_temp()
         return worker_command(self.connect, self._files["token"], host=self.host)
 
+    def prepare(self) -> None:
+        """Start the template now (its imports overlap the cluster's own set-up)."""
+        if self._forks is not None:
+            self._forks.prepare()
+
+    def start(self, worker_ids: Iterable[int]) -> None:
+        """Start a process per id: forked from the template in one request, or one by one."""
+        ids = list(worker_ids)
+        if self._forks is None:
+            super().start(ids)
+            return
+        self._check_new(ids)
+        requests = [(self._arguments(i)[3:], self._log_path(i)) for i in ids]  # without python -m
+        self._forks.spawn(requests, lambda workers: self._procs.update(zip(ids, workers)))
+
     def spawn(self, worker_id: int) -> None:
         """Start the process that will register as ``worker_id``."""
-        if not self._finalizer.alive:
-            raise RuntimeError("launcher is closed")
-        if worker_id in self._procs:
-            raise ValueError(f"worker {worker_id} was already started")
+        if self._forks is not None:
+            self.start([worker_id])
+            return
+        self._check_new([worker_id])
         out = None
-        if self.log_dir is not None:
-            out = open(os.path.join(self.log_dir, f"worker-{worker_id}.log"), "ab")  # noqa: SIM115
+        if (path := self._log_path(worker_id)) is not None:
+            out = open(path, "ab")  # noqa: SIM115 - closed with the launcher
             self._logs.append(out)
-        command = self.command() + ["--parent-pid", str(os.getpid())]
-        command += ["--launch-key", self.new_launch_key(worker_id)]
+        command = self._arguments(worker_id)
         # PR_SET_PDEATHSIG fires when the *thread* that started the child exits: ask for it
         # from the main thread only; the worker's --parent-pid watchdog covers the rest.
         if threading.current_thread() is threading.main_thread():
@@ -127,6 +149,20 @@ class LocalLauncher(Launcher):
             start_new_session=True,  # notebook interrupts (SIGINT to the group) spare the workers
         )
 
+    def _check_new(self, worker_ids: list[int]) -> None:
+        if not self._finalizer.alive:
+            raise RuntimeError("launcher is closed")
+        if started := [i for i in worker_ids if i in self._procs]:
+            raise ValueError(f"worker {started[0]} was already started")
+
+    def _arguments(self, worker_id: int) -> list[str]:
+        """The worker's command line, with the driver's pid and its launch key."""
+        command = self.command() + ["--parent-pid", str(os.getpid())]
+        return command + ["--launch-key", self.new_launch_key(worker_id)]
+
+    def _log_path(self, worker_id: int) -> str | None:
+        return None if self.log_dir is None else os.path.join(self.log_dir, f"worker-{worker_id}.log")
+
     @property
     def worker_ids(self) -> list[int]:
         return sorted(self._procs)
@@ -134,9 +170,11 @@ class LocalLauncher(Launcher):
     def claim(self, launch_key: str, pid: int) -> int | None:
         """The reserved id, if the registering process is one this launcher started."""
         worker_id = super().claim(launch_key, pid)
-        if worker_id is None or self._procs[worker_id].pid != pid:
+        proc = self._procs.get(worker_id) if worker_id is not None else None
+        try:
+            return worker_id if proc is not None and proc.pid == pid else None
+        except OSError:  # the template never forked it
             return None
-        return worker_id
 
     def pid(self, worker_id: int) -> int:
         return self._procs[worker_id].pid

@@ -25,6 +25,7 @@ import argparse
 import ctypes
 import logging
 import os
+import random
 import signal
 import socket
 import sys
@@ -188,27 +189,40 @@ def _local_host_towards(driver_host: str) -> str:
         return "127.0.0.1"
 
 
+#: Answers to a registration that a driver under load gives (a storm of workers
+#: registering at once): the worker tries again, later.
+_BUSY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+         grpc.StatusCode.RESOURCE_EXHAUSTED)  # fmt: skip
+
+
 def _register(
     scheduler, target: str, request: pb.RegisterRequest, timeout: float
 ) -> pb.RegisterReply:
-    """Register with the driver, retrying for ``timeout`` seconds; exit if it never answers."""
+    """Register with the driver, retrying for ``timeout`` seconds; exit if it never answers.
+
+    A busy driver's answer (:data:`_BUSY`) is retried after a jittered, doubling pause,
+    each try allowed longer than the last: a thousand workers registering at once spread
+    out instead of retrying in step. A retry carries the same launch key and pid, so the
+    driver answers it with the reply it gave (or is giving) the first try.
+    """
     deadline = time.monotonic() + timeout
-    last = "no attempt"
+    last, pause, patience = "no attempt", 0.1, 2.0
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             _die(EXIT_DRIVER_UNREACHABLE, f"cannot reach the driver at {target}: {last}")
         try:
-            return scheduler.Register(request, timeout=min(2.0, remaining), wait_for_ready=True)
+            return scheduler.Register(request, timeout=min(patience, remaining), wait_for_ready=True)
         except grpc.RpcError as exc:
             code = exc.code()
-            if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            if code not in _BUSY:
                 _die(
                     EXIT_DRIVER_REFUSED,
                     f"the driver refused registration: {code.name}: {exc.details()}",
                 )
             last = f"{code.name}: {exc.details()}"
-            time.sleep(0.2)
+        time.sleep(min(random.uniform(0, pause), max(0.0, deadline - time.monotonic())))
+        pause, patience = min(2 * pause, 2.0), min(2 * patience, 16.0)
 
 
 def _kill_with_parent(parent_pid: int) -> None:
@@ -346,9 +360,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--register-timeout",
         type=float,
-        default=10.0,
+        default=60.0,
         metavar="S",
-        help="give up on the driver after S seconds (default 10)",
+        help="give up on the driver after S seconds (default 60: a driver registering "
+        "hundreds of workers at once may take a while)",
     )
     return p.parse_args(argv)
 

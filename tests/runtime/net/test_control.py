@@ -519,11 +519,15 @@ def test_a_script_that_never_closes_its_cluster_still_exits(ending):
         driver.wait()
 
 
-def test_close_leaves_no_child_processes():
-    c = Cluster(2, paging=NullDriverPaging(), timeout=30)
+@pytest.mark.parametrize("fork", [True, False])
+def test_close_leaves_no_child_processes(fork):
+    launcher = LocalLauncher(fork=fork)
+    commands = []
+    command = launcher.command
+    launcher.command = lambda: commands.append(command()) or commands[-1]
+    c = Cluster(2, paging=NullDriverPaging(), timeout=30, launcher=launcher)
     pids = [w["pid"] for w in c.worker_stats()]
-    cmdline = psutil.Process(pids[0]).cmdline()
-    token_file = cmdline[cmdline.index("--token-file") + 1]
+    token_file = commands[0][commands[0].index("--token-file") + 1]
     assert not os.path.exists(token_file)  # removed once the workers have read it
     c.close()
     c.close()  # idempotent

@@ -94,3 +94,31 @@ def test_72_workers_run_a_stage_and_serve_each_other_pages():
     while not all(gone(pid) for pid in pids.values()):
         assert time.monotonic() < deadline, [w for w, pid in pids.items() if not gone(pid)]
         time.sleep(0.1)
+
+
+def arena_value(a: np.ndarray) -> float:
+    return float(a[0])
+
+
+def test_256_workers_forked_at_once_register_run_and_close():
+    """A storm of registrations on 2 cores: every worker gets in, stages are exact, the
+    driver's descriptors stay a few per worker, and close leaves nothing behind."""
+    n = 256
+    t0 = time.monotonic()
+    cluster = clamor.Cluster(workers=n, worker_memory="64MiB", timeout=180)
+    print(f"\n{n} workers up in {time.monotonic() - t0:.1f} s on {os.cpu_count()} cores")
+    try:
+        assert cluster.workers == list(range(n))
+        pids = [cluster.worker_pid(w) for w in cluster.workers]
+        assert len(set(pids)) == n
+        assert cluster.run_stage([(None, abs, (-i,)) for i in range(2 * n)]) == list(range(2 * n))
+        value = clamor.asarray(np.full(PAGE // 8, 7.0))
+        assert cluster.run_stage([(w, arena_value, (value,)) for w in cluster.workers]) == [7.0] * n
+        fds = len(os.listdir("/proc/self/fd"))
+        assert fds <= 3 * n + 128, f"{fds} descriptors in the driver for {n} workers"
+    finally:
+        cluster.close()
+    deadline = time.monotonic() + 20
+    while not all(gone(pid) for pid in pids):
+        assert time.monotonic() < deadline, [p for p in pids if not gone(p)]
+        time.sleep(0.1)

@@ -1,0 +1,87 @@
+"""Local workers forked from a template process (runtime/worker/template.py,
+runtime/launchers/forkserver.py): what the cluster sees of them is what it sees of
+workers started one by one, and nothing outlives the cluster or the template."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import psutil
+import pytest
+from clamor.runtime.cluster import Cluster
+from clamor.runtime.launchers.local import LocalLauncher
+
+
+def template_of(cluster: Cluster) -> psutil.Process:
+    """The one template process, a child of this driver, parent of every worker."""
+    parents = {psutil.Process(cluster.worker_pid(w)).ppid() for w in cluster.workers}
+    assert len(parents) == 1
+    template = psutil.Process(parents.pop())
+    assert template.ppid() == os.getpid()
+    assert template.name() == "clamor-template"
+    return template
+
+
+def gone(pids: list[int], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def random_draw() -> float:
+    return float(np.random.rand())
+
+
+def test_workers_forked_from_one_template_run_tasks_and_draw_their_own_random_numbers(tmp_path):
+    with Cluster(3, timeout=60, log_dir=str(tmp_path)) as cluster:
+        template = template_of(cluster)
+        assert cluster.run_stage([(w, os.getpid, ()) for w in cluster.workers]) == [
+            cluster.worker_pid(w) for w in cluster.workers
+        ]
+        assert {psutil.Process(cluster.worker_pid(w)).name() for w in cluster.workers} == {"clamor-worker"}
+        draws = cluster.run_stage([(w, random_draw, ()) for w in cluster.workers])
+        assert len(set(draws)) == 3  # not the template's one state, copied three times
+        cluster.run(print, "hello from a forked worker", worker=1)
+        pids = [cluster.worker_pid(w) for w in cluster.workers]
+    assert gone([*pids, template.pid])
+    deadline = time.monotonic() + 5
+    log = tmp_path / "worker-1.log"
+    while "hello from a forked worker" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, "the forked worker's output is not in its log"
+        time.sleep(0.05)
+
+
+def test_a_killed_worker_is_replaced_by_a_new_fork_of_the_same_template():
+    with Cluster(2, timeout=60) as cluster:
+        template = template_of(cluster)
+        killed = cluster.worker_pid(0)
+        cluster.kill_worker(0)
+        assert cluster.wait_for_workers(2, timeout=30) == [1, 2]
+        assert psutil.Process(cluster.worker_pid(2)).ppid() == template.pid
+        assert killed not in [cluster.worker_pid(w) for w in cluster.workers]
+        assert cluster.run_stage([(w, abs, (-w,)) for w in cluster.workers]) == [1, 2]
+
+
+def test_when_the_template_is_killed_its_workers_die_and_new_ones_come_from_a_new_template():
+    with Cluster(2, timeout=60) as cluster:
+        template = template_of(cluster)
+        pids = [cluster.worker_pid(w) for w in cluster.workers]
+        template.send_signal(signal.SIGKILL)
+        assert gone(pids)  # they die with it (PR_SET_PDEATHSIG)
+        assert cluster.wait_for_workers(2, timeout=60) == [2, 3]
+        assert template_of(cluster).pid != template.pid
+        assert cluster.run_stage([(w, abs, (-w,)) for w in cluster.workers]) == [2, 3]
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_the_launcher_starts_workers_with_or_without_the_template(fork):
+    with Cluster(2, timeout=60, launcher=LocalLauncher(fork=fork)) as cluster:
+        parents = {psutil.Process(cluster.worker_pid(w)).ppid() for w in cluster.workers}
+        assert (parents == {os.getpid()}) is not fork
+        assert cluster.run(sum, [1, 2, 3]) == 6
