@@ -35,6 +35,7 @@ _EXPORTS = {
     "TaskError": "clamor.runtime.errors",
     "WorkerLostError": "clamor.runtime.errors",
     "DaskLauncher": "clamor.runtime.launchers.dask",
+    "LocalLauncher": "clamor.runtime.launchers.local",
     "SSHLauncher": "clamor.runtime.launchers.ssh",
     "SlurmLauncher": "clamor.runtime.launchers.slurm",
     "ArenaRef": "clamor.runtime.net.shipping",
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
         WorkerLostError,
     )
     from clamor.runtime.launchers.dask import DaskLauncher
+    from clamor.runtime.launchers.local import LocalLauncher
     from clamor.runtime.launchers.slurm import SlurmLauncher
     from clamor.runtime.launchers.ssh import SSHLauncher
     from clamor.runtime.net.shipping import ArenaRef
@@ -116,11 +118,12 @@ __all__ = [
     "Cluster",
     "DaskLauncher",
     "Dataset",
+    "LocalLauncher",
     "MissingExtraError",
     "MissingPartitionError",
     "SSHLauncher",
-    "SlurmLauncher",
     "SerializationError",
+    "SlurmLauncher",
     "TaskCrashedError",
     "TaskError",
     "WorkerLostError",

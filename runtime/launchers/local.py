@@ -79,7 +79,8 @@ class LocalLauncher(Launcher):
     ``env``: the workers' environment (default: the driver's). Worker logs go to
     ``worker-<id>.log`` in the cluster's ``log_dir`` (default: the driver's output).
     ``fork``: fork the workers from one template process that has imported everything
-    (runtime/worker/template.py), instead of a Python start-up each (default: on Linux).
+    (runtime/worker/template.py), instead of a Python start-up each (default: on Linux,
+    unless a subclass changes :meth:`command`: its workers start as that command says).
     """
 
     name = "local"
@@ -87,7 +88,9 @@ class LocalLauncher(Launcher):
     def __init__(self, env: dict[str, str] | None = None, fork: bool | None = None) -> None:
         super().__init__()
         self.env = env
-        self.fork = sys.platform.startswith("linux") if fork is None else fork
+        if fork is None:
+            fork = sys.platform.startswith("linux") and type(self).command is LocalLauncher.command
+        self.fork = fork
         self._procs: dict[int, subprocess.Popen | ForkedWorker] = {}
         self._logs: list[IO] = []
         self._files: dict[str, str] = {}  # "token": path of the current token file
