@@ -54,6 +54,8 @@ class Worker:
     #: A thread is finding out how it ended (and may kill it): only that one marks it lost,
     #: so the reason is the one that thread gives, not "killed by signal 9" seen meanwhile.
     ending: bool = False
+    #: Retired by :meth:`ClusterWorkers.scale`: counted out as lost, and not replaced.
+    retired: bool = False
     #: Set once the pager and the executor know it is lost (later callers wait for it).
     lost_told: threading.Event = dataclasses.field(default_factory=threading.Event)
     info: PagingInfo = dataclasses.field(default_factory=PagingInfo)  # its WorkerPaging.info()
@@ -287,16 +289,68 @@ class ClusterWorkers:
                 worker.lost = how
         error = WorkerLostError(worker.id, worker.lost)
         if first:
-            logger.warning("worker %d lost: %s", worker.id, how)
+            logger.log(logging.INFO if worker.retired else logging.WARNING, "worker %d lost: %s", worker.id, how)
             try:
                 self._paging.worker_lost(worker.id)
                 self._executor.worker_lost(worker.id, error)
             finally:
                 worker.lost_told.set()
-            self._replace(worker.id)
+            if not worker.retired:
+                self._replace(worker.id)
         else:  # e.g. kill_worker racing a failed call: return only once the loss is known
             worker.lost_told.wait(10.0)
         return error
+
+    # --- growing and shrinking ---
+
+    def scale(self, n: int, timeout: float | None = None) -> list[int]:
+        """Grow or shrink to ``n`` live workers while the cluster runs; the live workers.
+
+        Growing starts the missing workers under new ids (local ones forked from the
+        template) and returns once they are ready (``timeout``: default the cluster's start
+        timeout); a running stage uses them as they come. Shrinking retires the newest
+        workers: each is counted out as a lost worker would be (its running tasks run
+        again on the others, its kept partitions are recomputed from lineage when next
+        needed) but not replaced, then asked to exit. Results stay exact either way. Lost
+        workers are replaced up to ``n`` from now on.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"a cluster needs at least one worker, got {n!r}")
+        with self._cond:
+            self._check_open()
+            live = self._live_ids()
+            grow = max(0, n - len(live))
+            if self._next_id + grow > MAX_WORKERS:
+                raise ValueError(f"cannot grow to {n:,} workers: {WORKER_LIMIT_REASON}")
+            self._size = n
+            new = range(self._next_id, self._next_id + grow)
+            self._next_id, self._starting = new.stop, self._starting + grow
+        if not new:
+            for worker_id in sorted(live)[n:]:
+                self._retire(self._workers[worker_id])
+            return self.workers
+        try:
+            with self._spawning:
+                self._launcher.start(new)
+            self._wait_ready(new, self._start_timeout if timeout is None else timeout)
+        finally:
+            with self._cond:
+                self._starting -= grow
+                self._cond.notify_all()
+            self._release_start_files()
+        return self.workers
+
+    def _retire(self, worker: Worker) -> None:
+        """Count ``worker`` out (as lost, not replaced), then have its process exit."""
+        worker.retired = True
+        if self._claim_end(worker):
+            self._mark_lost(worker, "retired (scale)")
+        try:
+            worker.stub.Shutdown(pb.ShutdownRequest(), timeout=2)
+        except grpc.RpcError:
+            pass  # gone already, or wedged: killed below
+        if worker.local and self._launcher.wait(worker.id, 5.0) is None:
+            self._launcher.kill(worker.id)
 
     # --- replacing lost workers ---
 

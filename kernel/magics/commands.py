@@ -74,7 +74,15 @@ class LineCommands:
         self._restart(args.workers, args.force, "start")
 
     def cmd_scale(self, args: Any) -> None:
-        self._restart(args.workers, args.force, "scale")
+        cluster = session.current()
+        if cluster is None:  # nothing to grow: start one that size
+            self._restart(args.workers, False, "scale")
+            return
+        before = len(cluster.workers)
+        with errors.short():
+            workers = cluster.scale(args.workers)
+        print(f"{before} -> {len(workers)} workers (ids {_ids(workers)}); the same cluster: its "
+              "datasets go on (kept partitions of retired workers are recomputed when needed)")  # fmt: skip
 
     def cmd_stop(self, args: Any) -> None:
         if session.current() is None:
@@ -236,3 +244,14 @@ class LineCommands:
 
     def cmd_help(self, args: Any) -> None:
         print(type(self).clamor.__doc__)
+
+
+def _ids(workers: list[int]) -> str:
+    """``0-3, 7`` for ``[0, 1, 2, 3, 7]``."""
+    runs: list[list[int]] = []
+    for w in workers:
+        if runs and w == runs[-1][-1] + 1:
+            runs[-1].append(w)
+        else:
+            runs.append([w])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)

@@ -43,9 +43,10 @@ config partitions). The result goes to NAME (default _) and is the cell's output
 map, filter, flat_map and map_partitions are lazy (they define a dataset), reduce runs
 now. Errors raised by the body show the cell's own line numbers; %clamor traceback
 prints the full text. A magic used before any cluster exists starts the default one
-(config workers, default one per core). `scale` (and `start` while a cluster runs)
-restarts the cluster: datasets of the old cluster cannot be used any more, and it
-refuses while persisted datasets are in the namespace unless given --force.
+(config workers, default one per core). `scale N` grows or shrinks the running cluster
+to N workers: the same cluster, its datasets go on. `start` while a cluster runs restarts
+it: datasets of the old cluster cannot be used any more, and it refuses while persisted
+datasets are in the namespace unless given --force.
 
 Examples:
 

@@ -26,7 +26,7 @@ CELL_COMMANDS: dict[str, tuple[str, str]] = {
 LINE_COMMANDS: dict[str, str] = {
     "start": "start a cluster (closes the running one)",
     "status": "workers, pids, liveness, tasks, pages fetched",
-    "scale": "restart with N workers",
+    "scale": "grow or shrink the running cluster to N workers",
     "stop": "shut the cluster down",
     "kill": "SIGKILL a worker (fault injection)",
     "slow": "make a worker FACTOR times slower (1 restores it)",
@@ -112,7 +112,6 @@ def _build() -> dict[str, _Parser]:
     parsers["start"] = p
     p = _parser("scale", LINE_COMMANDS["scale"])
     p.add_argument("workers", metavar="N", type=_positive_int)
-    p.add_argument("-f", "--force", action="store_true", help="even if persisted datasets exist")
     parsers["scale"] = p
     for name in ("status", "stop", "traceback", "help", *WIDGET_COMMANDS):
         parsers[name] = _parser(name, LINE_COMMANDS[name])

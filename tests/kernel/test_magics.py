@@ -483,21 +483,36 @@ def test_kill_a_worker_then_work_goes_on(run, cluster, shell):
     run("%clamor start -n 2")
 
 
-def test_scale_refuses_to_lose_persisted_datasets(run, shell):
+def test_start_refuses_to_lose_persisted_datasets(run, shell):
     old = session.current()
     shell.push({"mine": old})
     run("%%clamor map pts --into held\nx")
     run("held.persist().count()")
-    out = run("%clamor scale 3", ok=False)[1]
+    out = run("%clamor start -n 3", ok=False)[1]
     assert "persisted datasets held would be lost" in out and "--force" in out
     assert session.current() is old
-    out = run("%clamor scale 3 --force")[1]
+    out = run("%clamor start -n 3 --force")[1]
     assert "3 workers" in out and "cannot be used" in out
     assert session.current().workers == [0, 1, 2]
     assert shell.user_ns["mine"] is session.current()  # names of the old cluster follow
     assert "belongs to a cluster that was stopped" in run("%%clamor map held\nx", ok=False)[1]
     run("del held, mine")
+    run("%clamor start -n 2 --force")
+
+
+def test_scale_grows_and_shrinks_the_same_cluster_and_its_datasets_go_on(run):
+    cluster = session.current()
+    run("%%clamor map pts --into held\nx * 2")
+    want = run("held.persist().collect()")[0].result
+    out = run("%clamor scale 4")[1]
+    assert "-> 4 workers" in out
+    assert session.current() is cluster and len(cluster.workers) == 4
+    out = run("%clamor scale 1")[1]
+    assert "-> 1 workers" in out and len(cluster.workers) == 1
+    assert run("held.collect()")[0].result == want  # partitions of the retired workers recomputed
+    run("del held")
     run("%clamor scale 2")
+    assert len(cluster.workers) == 2
 
 
 def test_stop_then_status(shell, cluster, capsys):

@@ -85,3 +85,34 @@ def test_the_launcher_starts_workers_with_or_without_the_template(fork):
         parents = {psutil.Process(cluster.worker_pid(w)).ppid() for w in cluster.workers}
         assert (parents == {os.getpid()}) is not fork
         assert cluster.run(sum, [1, 2, 3]) == 6
+
+
+# --- a cluster that grows and shrinks while it runs ---------------------------------------
+
+
+def slow_square(x: int) -> int:
+    time.sleep(0.05)
+    return x * x
+
+
+def test_scale_up_and_down_during_a_running_stage_keeps_the_result_exact():
+    import threading
+
+    with Cluster(2, timeout=60) as cluster:
+        ds = cluster.range(200, partitions=40).map(slow_square).persist()
+        result: list = []
+        stage = threading.Thread(target=lambda: result.append(ds.collect()))
+        stage.start()
+        time.sleep(0.3)
+        assert cluster.scale(4) == [0, 1, 2, 3]
+        retired = [cluster.worker_pid(w) for w in (1, 2, 3)]
+        assert cluster.scale(1) == [0]  # the newest go; not replaced
+        stage.join(120)
+        assert result == [[x * x for x in range(200)]]
+        assert gone(retired)
+        assert ds.collect() == [x * x for x in range(200)]  # what the retired held: recomputed
+        assert cluster.scale(3) == [0, 4, 5]
+        assert sum(cluster.run_stage([(w, slow_square, (w,)) for w in cluster.workers])) == 41
+        with pytest.raises(ValueError, match="at least one worker"):
+            cluster.scale(0)
+        assert cluster.workers == [0, 4, 5]
