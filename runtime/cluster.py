@@ -44,7 +44,6 @@ from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import CallRunner, pack_calls, pack_task
 from clamor.runtime.net.stream_server import TaskStreamServer
 from clamor.runtime.net.transport import (
-    Server,
     create_server,
     format_address,
 )
@@ -55,6 +54,7 @@ from clamor.runtime.paging.pager import MAX_WORKERS, WORKER_LIMIT_REASON, Driver
 from clamor.runtime.paging.paging_api import DriverPaging
 from clamor.runtime.paging.read_sets import ReadSet
 from clamor.runtime.paging.versions import VersionKeeper
+from clamor.runtime.resources import Resources
 from clamor.runtime.scheduling.executor import Executor
 from clamor.runtime.scheduling.streaming import TaskStream
 from clamor.runtime.scheduling.throttle import Throttle
@@ -127,34 +127,6 @@ def _interrupts_held() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
     if came:
         raise KeyboardInterrupt
-
-
-def _shutdown(
-    server: Server,
-    launcher: Launcher,
-    channels: list,
-    paging: DriverPaging,
-    executor: Executor,
-    throttle: Throttle,
-    spill_dir: str,
-    bulk: BulkServer | None,
-    streams: TaskStreamServer,
-) -> None:
-    """Kill the workers still running, then end what the cluster started, readers of the
-    pager's tables before the pager: the executor's threads (woken by closing the
-    workers' task streams and channels), the task-stream listener, the scheduler's gRPC
-    handlers, the bulk server, then the pager. Remove what the workers spilled to disk
-    here. Also run at exit / on collection."""
-    steps: list[Callable[[], object]] = [throttle.close, executor.close, lambda: launcher.close(timeout=0)]
-    steps += [channel.close for channel in channels]
-    steps += [streams.close, executor.join, lambda: server.stop(grace=None)]
-    steps += [bulk.close] if bulk is not None else []
-    steps += [paging.close, lambda: shutil.rmtree(spill_dir, ignore_errors=True)]
-    for step in steps:  # each one, whatever the others did: the pager must be freed
-        try:
-            step()
-        except Exception:
-            logger.exception("closing the cluster: %s failed", getattr(step, "__qualname__", step))
 
 
 class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
@@ -256,11 +228,15 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         self.host = host
         self._credentials = Credentials.generate(tls=tls)
         self._token = self._credentials.token
-        # Whatever a failure below leaves started (the pager, threads, listening ports) is
-        # released before the error propagates: a failed constructor leaves the process clean.
-        with contextlib.ExitStack() as undo:
+        #: What it opened, closed in reverse order (runtime/resources.py): by close(), by a
+        #: failure of this constructor, or when it is collected unclosed.
+        self._resources = resources = Resources()
+        try:  # open the parts in order, each registered as it opens
+            opened = self._resources.opened
             launcher.prepare()  # e.g. the local workers' template starts while the rest is set up
-            undo.callback(launcher.close, timeout=0)
+            opened("the launcher", lambda: launcher.close(timeout=0))
+            spill_dir = self._spill_dir
+            opened("the spill folder", lambda: shutil.rmtree(spill_dir, ignore_errors=True))
             self._paging: DriverPaging = paging if paging is not None else DriverPager(
                 page_size=page_size,
                 token=self._token.encode(),
@@ -271,7 +247,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
                 readahead=readahead,
                 read_sets=read_sets,
             )
-            undo.callback(self._paging.close)
+            opened("the pager", self._paging.close)
             #: The lineage of the partitions its datasets keep (runtime/data/lineage.py).
             self.lineage = LineageStore()
             #: What the driver's version log keeps: epoch pins, release, trimming.
@@ -295,7 +271,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             self._closed = False
             self._publisher: snapshots.Publisher | None = None
             self._throttle = Throttle()
-            undo.callback(self._throttle.close)
+            opened("the throttle", self._throttle.close)
             me = weakref.ref(self)  # the executor's thread must not keep the cluster alive
             self._executor = Executor(
                 self._paging,
@@ -309,23 +285,22 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
                 bulk=None if tls else BulkClient(self._token.encode()),
                 kill=lambda w, why: (c := me()) and c._kill_unresponsive(w, why),
             )
-            undo.callback(self._executor.join)
-            undo.callback(self._executor.close)
+            executor = self._executor  # not the cluster: closing must not keep it alive
+            opened("the executor", lambda: (executor.close(), executor.join()))
             # calls submitted as futures (their thread must not keep the cluster alive either)
             self._futures = Dispatcher(lambda *a: (c := me()) and c._run_futures(*a), self._executor.value_of)
             store = self._executor.driver_store  # not the cluster: its server must not keep it alive
             self._bulk = None if tls else BulkServer(self._token.encode(), host, store.lookup)
             if self._bulk is not None:
-                undo.callback(self._bulk.close)
+                opened("the bulk server", self._bulk.close)
                 self._executor.driver_bulk_address = format_address(host, self._bulk.port)
 
-            executor = self._executor  # not the cluster: the stream server must not keep it alive
             self._streams = TaskStreamServer(self._token.encode(), host, tls=self._credentials.tls,
                                              link_of=executor.link_of, on_results=executor.task_finished,
                                              on_end=executor.stream_ended,
                                              gather=executor.gathering,
                                              vouch=lambda w: bool((c := me()) and c._vouch(w)))  # fmt: skip
-            undo.callback(self._streams.close)
+            opened("the task-stream server", self._streams.close)
             scheduler = SchedulerServicer(self)
             self._server, self.address = create_server(
                 self._token,
@@ -338,25 +313,19 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
                 tls=self._credentials.tls,
                 control=True,
             )
-            undo.callback(self._server.stop, grace=None)
+            server = self._server
+            opened("the scheduler's gRPC server", lambda: server.stop(grace=None))
+            channels = self._channels
+            opened("the channels to the workers", lambda: [c.close() for c in list(channels)])
             self._launcher = launcher
             launcher.bind(self.address, self._credentials, host=host, log_dir=log_dir)
-            undo.pop_all()  # started: close() and the finalizer own all of it now
+            opened("the workers", lambda: launcher.close(timeout=0))  # first: kill what still runs
+        except BaseException:
+            resources.close()  # a failed constructor leaves the process clean
+            raise
         _open_clusters.add(self)
         joblib_backend.register(open_clusters)  # joblib.parallel_config(backend="clamor")
-        self._finalizer = weakref.finalize(
-            self,
-            _shutdown,
-            self._server,
-            self._launcher,
-            self._channels,
-            self._paging,
-            self._executor,
-            self._throttle,
-            self._spill_dir,
-            self._bulk,
-            self._streams,
-        )
+        self._finalizer = weakref.finalize(self, resources.close)
         try:
             with self._spawning:
                 self._launcher.start(range(n))
