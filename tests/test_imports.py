@@ -116,7 +116,7 @@ def test_the_views_and_the_server_extension_do_not_import_the_kernel():
 #: The runtime's parts, lowest first (docs/architecture.md). A part imports only from
 #: the layers below it; parts side by side in one layer never import each other.
 RUNTIME_LAYERS = [
-    {"errors", "exitcodes", "stage", "credentials", "deadlines"},  # the shared vocabulary
+    {"errors", "exitcodes", "stage", "credentials", "deadlines", "resources"},  # the shared vocabulary
     {"paging"},
     {"net"},
     {"storage", "data"},

@@ -3,12 +3,11 @@
 A worker opens it once ``Ready`` returned and keeps it for its lifetime. Down it go the
 driver's launches, cancels and partition drops; up come the results of the worker's
 attempts. A worker in the driver's network namespace (its host) connects to the
-driver's abstract Unix socket, others over TCP: on a 2-core VM a loopback TCP send
-costs ~12-25 µs of the sender's CPU, a Unix one ~3-17 µs, and a 2-task stage makes
-four. It is a plain stream (TLS when the cluster has TLS), not a gRPC stream: a gRPC
-message costs Python ~120 µs to send and ~160 µs to receive on a 2-core VM, which kept
-a 2-task stage over 2 ms there; a framed socket costs a few µs per message
-(docs/architecture.md, "The task stream"). The rest of the control plane stays on gRPC.
+driver's abstract Unix socket, others over TCP (a Unix send costs the sender less CPU
+than a loopback TCP one, and a 2-task stage makes four). It is a plain stream (TLS when
+the cluster has TLS), not a gRPC stream: a gRPC message costs Python far more to send and
+receive than a framed socket, enough to keep a 2-task stage over a millisecond
+(docs/architecture.md, "The task stream", has the measurements). The rest of the control plane stays on gRPC.
 
 Wire: the token handshake of :func:`~clamor.runtime.net.transport.prove_token_server`,
 then frames of a ``u32`` length and a ``u8`` kind (little-endian) and the body:

@@ -26,11 +26,13 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from clamor.runtime.data import lineage_graph
-from clamor.runtime.observe.telemetry import Event, StageRecord, TaskRecord
+from clamor.runtime.data.lineage import LineageStore
+from clamor.runtime.observe.telemetry import Event, StageRecord, TaskRecord, Telemetry
+from clamor.runtime.paging.paging_api import DriverPaging
 
 logger = logging.getLogger("clamor.snapshots")
 
@@ -126,7 +128,35 @@ _TOTALS = ("epoch", "bytes_served_by_driver", "bytes_served_by_peers", "bytes_ma
            "version_log_bytes", "arena_bytes")  # fmt: skip
 
 
-def take(cluster: Any, variables: VariableSpans | None = None, seq: int = 0,
+class Observed(Protocol):
+    """What a snapshot reads of a cluster (``Cluster`` is one; the lineage graph also reads
+    it as a runner: its workers and holders)."""
+
+    lineage: LineageStore
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def paging(self) -> DriverPaging: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def telemetry(self) -> Telemetry: ...
+
+    @property
+    def publisher(self) -> Publisher: ...
+
+    def counters(self) -> dict[str, int]: ...
+
+    def scheduler_snapshot(self) -> dict: ...
+
+    def page_stats(self, var: Any = None) -> dict: ...
+
+
+def take(cluster: Observed, variables: VariableSpans | None = None, seq: int = 0,
          history: tuple = (), paging: dict | None = None) -> ClusterSnapshot:  # fmt: skip
     """A snapshot of ``cluster`` now (``variables``: see :data:`VariableSpans`;
     ``paging``: the driver pager's ``stats()`` if the caller has just read them)."""
@@ -169,7 +199,7 @@ def take(cluster: Any, variables: VariableSpans | None = None, seq: int = 0,
     )
 
 
-def _cached_bytes(cluster: Any, pages: PageSnapshot) -> dict[int, int]:
+def _cached_bytes(cluster: Observed, pages: PageSnapshot) -> dict[int, int]:
     """Worker -> bytes of arena pages it caches, by the driver's directory ({} without one)."""
     cached_bytes = getattr(cluster.paging, "cached_bytes", None)
     if cached_bytes is None or not len(pages):
@@ -196,7 +226,7 @@ class Publisher:
     kernel supplies one). A subscriber that raises is logged and kept.
     """
 
-    def __init__(self, cluster: Any, interval: float = 0.4, history: int = 600) -> None:
+    def __init__(self, cluster: Observed, interval: float = 0.4, history: int = 600) -> None:
         self._cluster = weakref.ref(cluster)  # its thread must not keep the cluster alive
         self.interval = interval
         self.variables: Callable[[], VariableSpans] | None = None

@@ -349,7 +349,7 @@ class WorkerPager:
         if generation and generation == self._read_set[0]:
             return self._read_set[1]
         n = int(lib.clamor_worker_end_task(ffi.NULL, ffi.NULL, 0))
-        if n == 0:  # a task that read no arena page (~20 µs saved on tiny tasks)
+        if n == 0:  # a task that read no arena page: nothing to encode (tiny tasks)
             runs = b""
         else:
             pages, versions = ffi.new("uint64_t[]", n), ffi.new("uint32_t[]", n)

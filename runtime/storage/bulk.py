@@ -1,8 +1,7 @@
 """Partitions worker to worker over plain TCP, faster than gRPC streams.
 
-Python gRPC moves ~200-250 MiB/s on loopback, so a 1 MiB partition costs ~4 ms on
-the wire and ~10 ms end to end with its chunking and copies; a partition read
-from a peer (a shuffle bucket, or one spilled to the peer with the most free
+Python gRPC streams move partitions slowly (chunking, copies, per-message costs), so a
+partition read from a peer (a shuffle bucket, or one spilled to the peer with the most free
 memory, R3S) then costs more than reading it from a local disk. Here a value is
 pickled with its array buffers out of band (``shipping.dumps_out_of_band``) and
 each buffer goes out with one ``sendall`` and lands with ``recv_into``: no

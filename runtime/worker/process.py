@@ -77,8 +77,8 @@ logger = logging.getLogger("clamor.worker")
 HEARTBEAT_INTERVAL = 1.0
 #: Consecutive seconds of failed heartbeats after which the worker gives up on the driver:
 #: longer than the driver waits for a silent worker (10 s) and than the task stream's
-#: keepalive (10 s). With 5 s, the first workers of a 72-worker cluster gave up (status 70)
-#: while a loaded 2-core driver was registering the others.
+#: keepalive (10 s), and than a loaded driver may take to register a crowd of workers
+#: (the first ones must not give up while it registers the others).
 HEARTBEAT_PATIENCE = 15.0
 _REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
 #: Task-stream endings by which the driver refuses this worker (any other one but OK:

@@ -3,8 +3,8 @@
 The driver's messages on the task stream (runtime/net/task_stream.py) go to
 :meth:`WorkerExecutor.apply`, which queues launched attempts, drops cancelled ones and
 frees dropped partitions, then runs the next attempt on the stream's own thread if
-nothing else runs: handing it to another thread cost a wake-up and a GIL hand-off,
-~60 µs of a 1 ms stage on a 2-core VM. Attempts run in order, one at a time per worker
+nothing else runs: handing it to another thread would cost a wake-up and a GIL
+hand-off, a noticeable part of a short stage. Attempts run in order, one at a time per worker
 process; the runner thread runs the attempts queued behind that one, the
 work that must come between two attempts (:meth:`WorkerExecutor.exclusive`, e.g. page
 invalidations), and while an attempt holds the stream's thread it tells the driver
