@@ -189,7 +189,8 @@ class System:
 
 
 class ClamorSystem(System):
-    note = "bytes: pages the workers fetched (the cold iteration pages the points in)"
+    note = ("bytes: pages the driver and peers served (on one host the workers map the arena's pages "
+            "in place instead: bytes_mapped_runs, the cold iteration's, the warm-up's, each steady one's)")  # fmt: skip
 
     def __init__(self, p: dict) -> None:
         super().__init__(p)
@@ -198,10 +199,10 @@ class ClamorSystem(System):
         self.clamor = clamor
         self.cluster = clamor.Cluster(workers=WORKERS)
         self.pids = [s["pid"] for s in self.cluster.worker_stats()]
-        self.fields = {"page_size": self.cluster.page_size}
+        self.fields = {"page_size": self.cluster.page_size, "bytes_mapped_runs": []}
         k, d = p["k"], p["dims"]
         self.sums, self.counts = self.cluster.accumulator((k, d)), self.cluster.accumulator(k, dtype=np.int64)
-        self.last = 0
+        self.last: tuple[int, int] | None = None
 
     def load(self, points: np.ndarray) -> None:
         self.ds = self.cluster.parallelize(self.clamor.asarray(points), partitions=self.p["partitions"])
@@ -221,9 +222,14 @@ class ClamorSystem(System):
         return sums.value.copy(), counts.value.copy()
 
     def fetched(self) -> int:
-        now = sum(s.get("bytes_fetched", 0) for s in self.cluster.worker_stats())
-        out, self.last = now - self.last, now
-        return out
+        """Bytes served since the last call; the bytes mapped go to ``bytes_mapped_runs``."""
+        s = self.cluster.stats()
+        now = (int(s.get("bytes_served_by_driver", 0)) + int(s.get("bytes_served_by_peers", 0)),
+               int(s.get("bytes_mapped", 0)))  # fmt: skip
+        out, last = now, self.last or (0, 0)
+        self.last = now
+        self.fields["bytes_mapped_runs"].append(out[1] - last[1])
+        return out[0] - last[0]
 
     moved_cold = moved_step = fetched
 
@@ -262,7 +268,7 @@ def _spark_assign(it, c):
 
 
 class SparkSystem(System):
-    note = f"local[{WORKERS}] (one JVM executor, Python workers reused); RSS: the JVM with its Python workers"
+    note = f"local[{WORKERS}] (one JVM executor, Python workers reused), RSS: the JVM with its Python workers"
 
     def __init__(self, p: dict) -> None:
         super().__init__(p)
@@ -439,7 +445,7 @@ def mpi_main(p: dict, out: Path) -> None:
     if rank == 0:
         each = (sums.nbytes + counts.nbytes) * 2 * size  # each rank's sends of the two Allreduces
         moved = {COLD: [each], STEADY: [each] * len(steady)}
-        note = f"{size} ranks, each generating its own part (untimed); RSS: ru_maxrss of the ranks"
+        note = f"{size} ranks, each generating its own part (untimed), RSS: ru_maxrss of the ranks"
         out.write_text(json.dumps(_rows("mpi", cold, steady, c, moved, max(rss), note, False, [0.0])))
 
 
