@@ -209,12 +209,18 @@ class Connection:
         self.sock.close()
 
 
+#: Seconds a link's writer thread waits for more to write before it ends.
+WRITER_IDLE = 2.0
+
+
 class DriverLink:
     """The driver's end of one worker's task stream.
 
     :meth:`launch`, :meth:`cancel` and :meth:`drop` send a message each, in issue order,
     and never wait on the worker: items issued before the worker connects, a large one,
-    and those behind it, are written by the link's writer thread. :meth:`close` ends it.
+    and those behind it, are written by the link's writer thread. That thread runs only
+    while there is such a backlog (it ends after :data:`WRITER_IDLE` s without one), so
+    a thousand idle workers cost the driver no thread each. :meth:`close` ends it.
     """
 
     def __init__(self, worker: int) -> None:
@@ -230,7 +236,9 @@ class DriverLink:
         self.reader: threading.Thread | None = None
         #: Set by the poller reading it: stop watching the socket (called as the link closes).
         self.unregister: Callable[[], None] = lambda: None
+        #: The writer thread while one runs (:meth:`_writer`), else the last one or ``None``.
         self.writer: threading.Thread | None = None
+        self._writer_running = False
         #: Counters (read from any thread): messages each way, attempts sent, reports received.
         self.sent_messages = self.sent_attempts = self.received_messages = self.received_reports = 0
         #: How the worker connected: ``"unix"`` (same host), ``"tcp"``; ``""`` not yet.
@@ -280,7 +288,7 @@ class DriverLink:
             conn = self._conn
             if conn is None or self._writing or self._backlog or len(data) > INLINE_BYTES:
                 self._backlog.append(data)
-                self._cond.notify_all()
+                self._wake_writer()
                 return
             self._writing = True
         try:
@@ -293,7 +301,17 @@ class DriverLink:
             if sent < len(data):
                 self._backlog.insert(0, data[sent:])
             if self._backlog:
-                self._cond.notify_all()
+                self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        """(Under ``_cond``.) Have the backlog written: wake the writer thread, or start one
+        once the worker is connected."""
+        self._cond.notify_all()
+        if self._conn is not None and not self._writer_running and not self._closed:
+            self._writer_running = True
+            self.writer = threading.Thread(target=self._writer, args=(self._conn,),
+                                           name=f"clamor-stream-out-{self.worker}", daemon=True)  # fmt: skip
+            self.writer.start()
 
     def _write(self, conn: Connection, data: bytes) -> None:
         """Write ``data`` (this thread set ``_writing``), waiting for the socket; a broken
@@ -308,12 +326,18 @@ class DriverLink:
                 self._cond.notify_all()
 
     def _writer(self, conn: Connection) -> None:
-        """The writer thread: the backlog, in order, until the link is closed."""
+        """The writer thread: the backlog, in order, until the link is closed or it has had
+        nothing to write for :data:`WRITER_IDLE` s (the next backlog starts another)."""
         while True:
             with self._cond:
+                idle_since = time.monotonic()
                 while not self._closed and (self._writing or not self._backlog):
-                    self._cond.wait()
+                    if not self._writing and time.monotonic() - idle_since >= WRITER_IDLE:
+                        self._writer_running = False
+                        return
+                    self._cond.wait(WRITER_IDLE)
                 if self._closed:
+                    self._writer_running = False
                     return
                 data, self._backlog = b"".join(self._backlog), []
                 self._writing = True
@@ -349,9 +373,8 @@ class DriverLink:
             self._conn = conn
             self.transport = "unix" if conn.sock.family == socket.AF_UNIX else "tcp"
             self.reader = reader
-            self.writer = threading.Thread(target=self._writer, args=(conn,),
-                                           name=f"clamor-stream-out-{self.worker}", daemon=True)  # fmt: skip
-        self.writer.start()
+            if self._backlog:  # issued before it connected
+                self._wake_writer()
         return True
 
     def ping_if_due(self) -> None:

@@ -128,6 +128,28 @@ def test_items_arrive_in_issue_order_a_large_one_through_the_writer_and_close_sa
     assert events == []  # the driver closed it: not reported as an end
 
 
+def test_the_writer_thread_runs_only_while_there_is_a_backlog(monkeypatch):
+    monkeypatch.setattr(task_stream, "WRITER_IDLE", 0.2)
+    link = DriverLink(3)
+    worker, _ = attached(link)
+    frames: list = []
+    threading.Thread(target=received, args=(worker, END, frames), daemon=True).start()
+    wait_for(lambda: link.connected)
+    link.launch(launch(1))  # small: written by the issuing thread, no writer
+    wait_for(lambda: len(frames) == 1)
+    assert link.writer is None
+    for stage in (2, 3):  # a large one each time: a writer thread, which then ends
+        link.launch(launch(stage, b"p" * (3 * task_stream.INLINE_BYTES)))
+        wait_for(lambda: len(frames) == stage)
+        writer = link.writer
+        assert writer is not None and writer.name == "clamor-stream-out-3"
+        wait_for(lambda: not writer.is_alive())
+    link.launch(launch(4))
+    wait_for(lambda: len(frames) == 4)
+    assert items(frames) == [("launch", s) for s in (1, 2, 3, 4)]
+    link.close()
+
+
 def test_the_issuing_thread_never_waits_for_a_worker_that_reads_nothing():
     """A worker busy sending its results reads nothing meanwhile. What its socket does not
     take at once is left to the link's writer thread, so the thread running the

@@ -10,6 +10,7 @@ process behind. Start-up time is printed (pytest -s) for the record.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -116,6 +117,10 @@ def test_256_workers_forked_at_once_register_run_and_close():
         assert cluster.run_stage([(w, arena_value, (value,)) for w in cluster.workers]) == [7.0] * n
         fds = len(os.listdir("/proc/self/fd"))
         assert fds <= 3 * n + 128, f"{fds} descriptors in the driver for {n} workers"
+        deadline = time.monotonic() + 10  # idle links keep no writer thread
+        while threading.active_count() > 100:
+            assert time.monotonic() < deadline, f"{threading.active_count()} driver threads for {n} workers"
+            time.sleep(0.2)
     finally:
         cluster.close()
     deadline = time.monotonic() + 20
