@@ -117,7 +117,7 @@ def _is_live_worker(proc: psutil.Process) -> bool:
     try:
         return (
             proc.status() != psutil.STATUS_ZOMBIE
-            and WORKER_MODULE in " ".join(proc.cmdline())
+            and (proc.name() == "clamor-worker" or WORKER_MODULE in " ".join(proc.cmdline()))
         )
     except psutil.Error:
         return False
