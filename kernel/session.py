@@ -221,7 +221,7 @@ def usable_cores() -> int:
 
 
 def _is_open(cluster: Cluster | None) -> bool:
-    return cluster is not None and not getattr(cluster, "_closed", False)
+    return cluster is not None and not getattr(cluster, "closed", False)
 
 
 def current() -> Cluster | None:

@@ -8,13 +8,15 @@ for stages built by datasets, ``run`` / ``run_stage`` for plain function calls
 on given workers. A task's exception is re-raised in the driver as the same
 type, with the remote traceback attached; a worker that dies during a stage
 raises :class:`~clamor.runtime.errors.WorkerLostError`. Either way the cluster
-stays usable. Its two mixins: ``cluster_workers`` (registration, liveness, how a worker
-is lost) and ``cluster_inspection`` (what it shows about itself).
+stays usable. Its parts, each with its own state: ``registry``, the
+:class:`~clamor.runtime.cluster_workers.WorkerRegistry` (registration, liveness, loss,
+replacement, scaling); its inspection (``cluster_inspection``: what it shows about itself,
+read from the parts' public faces); and its resources, closed in reverse order of
+opening (``resources.py``).
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures.thread  # noqa: F401 - its exit hook registers before ours (see below)
 import contextlib
 import logging
@@ -30,7 +32,7 @@ from typing import Any, Self
 import grpc
 from clamor.runtime import deadlines, joblib_backend
 from clamor.runtime.cluster_inspection import ClusterInspection
-from clamor.runtime.cluster_workers import ClusterWorkers, SchedulerServicer, Worker
+from clamor.runtime.cluster_workers import SchedulerServicer, WorkerRegistry
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.data import checkpoint
 from clamor.runtime.data.dataset import DatasetSources
@@ -129,7 +131,7 @@ def _interrupts_held() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
+class Cluster(ClusterInspection, DatasetSources):
     """Worker processes and the scheduler that drives them.
 
     ``workers``: how many (default ``os.cpu_count()``); ``host``: the address the
@@ -254,36 +256,21 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             self.versions = VersionKeeper(self._paging, self.lineage)
             #: Its checkpoints being written, and the epoch of the last one done.
             self.checkpoints = checkpoint.CheckpointLog()
-            self._cond = threading.Condition()
-            self._workers: dict[int, Worker] = {}
-            self._channels: list[grpc.Channel] = []
-            self._next_id = n
-            self._size = n  # what replacements of lost workers keep it at
-            self._start_timeout = timeout
-            self._restarts = restarts
-            self._restarted: collections.deque[float] = collections.deque()  # when, in the window
-            self._starting = 0  # replacements started and not ready (or failed) yet
-            self.workers_replaced = 0
-            self._spawning = threading.Lock()
-            #: launch key -> [pid, reply or None while being answered]: a worker whose Register
-            #: call timed out on its side retries it, and gets the same id and reply again.
-            self._registrations: dict[str, list] = {}
-            self._closed = False
             self._publisher: snapshots.Publisher | None = None
             self._throttle = Throttle()
             opened("the throttle", self._throttle.close)
             me = weakref.ref(self)  # the executor's thread must not keep the cluster alive
             self._executor = Executor(
                 self._paging,
-                poll=lambda: (c := me()) and c._refresh(),
-                unreachable=lambda w, why: (c := me()) and c._on_unreachable(w, why),
+                poll=lambda: (c := me()) and c.registry.refresh(),
+                unreachable=lambda w, why: (c := me()) and c.registry.on_unreachable(w, why),
                 min_ref_bytes=lambda: (c := me()) and (c.page_size or None),
                 versions=self.versions,
                 speculation=speculation,
                 speculation_factor=speculation_factor,
                 fuse=fuse,
                 bulk=None if tls else BulkClient(self._token.encode()),
-                kill=lambda w, why: (c := me()) and c._kill_unresponsive(w, why),
+                kill=lambda w, why: (c := me()) and c.registry.kill_unresponsive(w, why),
             )
             executor = self._executor  # not the cluster: closing must not keep it alive
             opened("the executor", lambda: (executor.close(), executor.join()))
@@ -299,9 +286,15 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
                                              link_of=executor.link_of, on_results=executor.task_finished,
                                              on_end=executor.stream_ended,
                                              gather=executor.gathering,
-                                             vouch=lambda w: bool((c := me()) and c._vouch(w)))  # fmt: skip
+                                             vouch=lambda w: bool((c := me()) and c.registry.vouch(w)))  # fmt: skip
             opened("the task-stream server", self._streams.close)
-            scheduler = SchedulerServicer(self)
+            #: Its workers: registration, liveness, loss, replacement, scaling.
+            self.registry = WorkerRegistry(
+                n, launcher=launcher, paging=self._paging, executor=executor, budgets=self.budgets,
+                spill=self.spill, spill_dir=self._spill_dir, credentials=self._credentials,
+                streams=self._streams, restarts=restarts, start_timeout=timeout,
+            )  # fmt: skip
+            scheduler = SchedulerServicer(self.registry)
             self._server, self.address = create_server(
                 self._token,
                 [
@@ -315,9 +308,8 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
             )
             server = self._server
             opened("the scheduler's gRPC server", lambda: server.stop(grace=None))
-            channels = self._channels
+            channels = self.registry.channels
             opened("the channels to the workers", lambda: [c.close() for c in list(channels)])
-            self._launcher = launcher
             launcher.bind(self.address, self._credentials, host=host, log_dir=log_dir)
             opened("the workers", lambda: launcher.close(timeout=0))  # first: kill what still runs
         except BaseException:
@@ -327,14 +319,10 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         joblib_backend.register(open_clusters)  # joblib.parallel_config(backend="clamor")
         self._finalizer = weakref.finalize(self, resources.close)
         try:
-            with self._spawning:
-                self._launcher.start(range(n))
-            self._wait_ready(range(n), timeout)
+            self.registry.start(n, timeout)
         except BaseException:
             self.close()
             raise
-        finally:
-            self._release_start_files()  # read by now: do not leave it behind
 
     # --- stages ---
 
@@ -349,7 +337,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         self._check_open()
         for task in stage.tasks:
             if task.worker is not None:
-                self._live_worker(task.worker)
+                self.registry.live_worker(task.worker)
         return self._executor.execute(stage, lambda: self.workers)
 
     def run(
@@ -493,13 +481,22 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
     @property
     def workers(self) -> list[int]:
         """Ids of the live workers."""
-        self._refresh()
-        with self._cond:
-            return self._live_ids()
+        self.registry.refresh()
+        return self.registry.live()
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self.registry.closed
+
+    def wait_for_workers(self, n: int | None = None, timeout: float | None = None) -> list[int]:
+        """Wait until ``n`` workers are live (default: as many as the cluster should have)
+        or no replacement is starting any more; the live workers."""
+        return self.registry.wait_for_workers(n, timeout)
+
+    def scale(self, n: int, timeout: float | None = None) -> list[int]:
+        """Grow or shrink to ``n`` live workers while the cluster runs; the live workers
+        (:meth:`WorkerRegistry.scale <clamor.runtime.cluster_workers.WorkerRegistry.scale>`)."""
+        return self.registry.scale(n, timeout)
 
     @property
     def paging(self) -> DriverPaging:
@@ -513,15 +510,11 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
     def kill_worker(self, worker_id: int) -> None:
         """SIGKILL a worker's process (fault injection) and wait until it has exited (the
         cluster then replaces it, while its ``restarts`` last)."""
-        worker = self._workers.get(worker_id)
-        if worker is None:
-            raise ValueError(f"no worker {worker_id} (workers: {self.workers})")
-        if not self._kill(worker, "(kill_worker)", must=True):
-            raise ValueError(f"worker {worker_id} was not started by this cluster")
+        self.registry.kill_worker(worker_id)
 
     def slow_worker(self, worker_id: int, factor: float) -> None:
         """Make a worker's process run ``factor`` times slower (CPU duty cycle; 1 restores it)."""
-        worker = self._workers.get(worker_id)
+        worker = self.registry.get(worker_id)
         if worker is None or not worker.local:
             raise ValueError(f"worker {worker_id} was not started by this cluster")
         self._throttle.set(worker.pid, factor)
@@ -535,7 +528,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         return self._credentials
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self.registry.closed:
             raise ClamorError("the cluster is closed")
 
     def close(self) -> None:
@@ -544,16 +537,13 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         A checkpoint still being written is finished first (it reads the pager's tables).
         A Ctrl-C meanwhile is held until the cluster is closed, then raised: an interrupted
         close would leave the pager and workers behind, and no cluster could start again."""
-        with self._cond:
-            if self._closed:
-                return
+        if self.registry.closed:
+            return
         with _interrupts_held():
             self.checkpoints.wait()
-            with self._cond:
-                if self._closed:
-                    return
-                self._closed = True
-                live = [w for w in self._workers.values() if w.lost is None]
+            live = self.registry.close()
+            if live is None:
+                return
             try:
                 self._futures.close()
                 if self._publisher is not None:
@@ -565,7 +555,7 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
                         future.result()
                     except grpc.RpcError:
                         pass
-                self._launcher.close(timeout=5.0)  # let them exit on their own first
+                self.registry.launcher.close(timeout=5.0)  # let them exit on their own first
             finally:
                 self._finalizer()
 
@@ -576,5 +566,5 @@ class Cluster(ClusterWorkers, ClusterInspection, DatasetSources):
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._workers)} workers"
+        state = "closed" if self.registry.closed else f"{len(self.registry.live())} workers"
         return f"<Cluster {self.address} {state}>"

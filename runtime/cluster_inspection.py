@@ -6,7 +6,6 @@ snapshots for the views. Read-only: nothing here changes the cluster.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -17,6 +16,9 @@ from clamor.runtime.paging import arena
 from clamor.runtime.stage import PartitionKey
 
 if TYPE_CHECKING:
+    from clamor.runtime.cluster_workers import Worker, WorkerRegistry
+    from clamor.runtime.data.lineage import LineageStore
+    from clamor.runtime.paging.memory import Budgets
     from clamor.runtime.paging.paging_api import DriverPaging
     from clamor.runtime.scheduling.executor import Executor
     from clamor.runtime.storage.bulk import BulkServer
@@ -27,31 +29,32 @@ MEMORY_TOTALS = ("evictions", "spilled_to_peers", "spilled_to_disk", "partitions
 
 
 class ClusterInspection:
-    """The inspection half of ``Cluster`` (a mixin: it reads the cluster's own state)."""
+    """What ``Cluster`` shows about itself. It holds no state of its own: it reads the
+    cluster's parts through their public faces (the worker registry, the executor, the
+    pager, the lineage store); the attributes below are those parts."""
 
-    _workers: dict[int, Any]
-    _cond: threading.Condition
+    registry: WorkerRegistry
+    lineage: LineageStore
     _executor: Executor
     _paging: DriverPaging
     _publisher: snapshots.Publisher | None
     _bulk: BulkServer | None
-    _launcher: Any
-    _closed: bool
     address: str
-    budgets: Any  # runtime/paging/memory.py's Budgets
-    workers_replaced: int
+    budgets: Budgets
     page_size: int
-    _refresh: Any  # the cluster's: marks workers whose process exited as lost
-    _check_open: Any  # the cluster's: ClamorError once it is closed
+
+    def _check_open(self) -> None: ...
+
+    @property
+    def workers(self) -> list[int]: ...
 
     def worker_stats(self) -> list[dict]:
         """Per worker (lost ones included): ``id``, ``pid``, ``host``, ``address``, ``alive``,
         and for live ones the worker's own stats (``tasks_run``, ``rss_bytes``, paging counters).
         ``ClamorError`` once the cluster is closed."""
         self._check_open()
-        self._refresh()
-        with self._cond:
-            workers = sorted(self._workers.values(), key=lambda w: w.id)
+        self.registry.refresh()
+        workers = self.registry.all()
         calls = [
             (w, w.stub.Stats.future(pb.StatsRequest(), timeout=10) if w.lost is None else None)
             for w in workers
@@ -110,7 +113,7 @@ class ClusterInspection:
         (their workers killed instead), ``workers_replaced`` (lost workers started anew)."""
         counters = dict(self._executor.counters())
         counters["tasks_recomputed"] = self.lineage.counters.tasks_recomputed
-        counters["workers_replaced"] = self.workers_replaced
+        counters["workers_replaced"] = self.registry.replaced
         return counters
 
     @property
@@ -133,14 +136,14 @@ class ClusterInspection:
         """What the cluster's HTML repr shows, from the driver's own state (no worker is
         called): ``address``, ``closed``, workers ``live`` / ``lost`` / ``replaced``, its
         ``launcher``, their ``memory_budget``, ``stages_run`` / ``tasks_run``, paged bytes."""
-        out: dict[str, Any] = {"address": self.address, "closed": self._closed}
-        if self._closed:
+        out: dict[str, Any] = {"address": self.address, "closed": self.registry.closed}
+        if self.registry.closed:
             return out
         live = self.workers
         paging = self._paging.stats()
         out.update(
-            live=len(live), lost=len(self._workers) - len(live), replaced=self.workers_replaced,
-            launcher=self._launcher.name, memory_budget=sum(self.budgets.of(w).total for w in live),
+            live=len(live), lost=len(self.registry.all()) - len(live), replaced=self.registry.replaced,
+            launcher=self.registry.launcher.name, memory_budget=sum(self.budgets.of(w).total for w in live),
             stages_run=self._executor.stages_run, tasks_run=self._executor.tasks_run,
             dashboard_path=getattr(self, "dashboard_path", None),
             **{k: paging.get(k, 0) for k in ("bytes_mapped", "bytes_served_by_driver", "bytes_served_by_peers")},
@@ -168,9 +171,15 @@ class ClusterInspection:
         return stats
 
     def worker_pid(self, worker_id: int) -> int:
-        return self._workers[worker_id].pid
+        return self._worker(worker_id).pid
 
     def worker_info(self, worker_id: int) -> dict:
         """What the worker's pager announced (:class:`~clamor.runtime.paging.paging_api.PagingInfo`
         as a dict): ``host``, ``page_port``, ``shm``, ``zero_copy``, ``tls``, ``cache_limit_pages``."""
-        return dataclasses.asdict(self._workers[worker_id].info)
+        return dataclasses.asdict(self._worker(worker_id).info)
+
+    def _worker(self, worker_id: int) -> Worker:
+        worker = self.registry.get(worker_id)
+        if worker is None:
+            raise KeyError(worker_id)
+        return worker

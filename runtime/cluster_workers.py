@@ -1,16 +1,19 @@
-"""The workers' side of :class:`~clamor.runtime.cluster.Cluster`: registration, readiness,
-heartbeats, and how a worker is found lost (its process exited, its task stream ended,
-it stopped answering). A mixin, like ``cluster_inspection``: it works on the cluster's
-own state, under its condition variable.
+"""A cluster's workers (:class:`WorkerRegistry`, ``cluster.registry``): registration,
+readiness, heartbeats, how a worker is found lost (its process exited, its task stream
+ended, it stopped answering), replacement of lost workers, and growing and shrinking
+(``scale``). It owns its state and its lock; the cluster and its inspector reach it
+through its public methods only.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
 import time
 import weakref
+from typing import TYPE_CHECKING
 
 import grpc
 from clamor.runtime.errors import ClamorError, WorkerLostError
@@ -25,7 +28,14 @@ from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.transport import connect, format_address
 from clamor.runtime.paging.pager import MAX_WORKERS, WORKER_LIMIT_REASON
-from clamor.runtime.paging.paging_api import PagingInfo
+from clamor.runtime.paging.paging_api import DriverPaging, PagingInfo
+
+if TYPE_CHECKING:
+    from clamor.runtime.credentials import Credentials
+    from clamor.runtime.launchers.base import Launcher
+    from clamor.runtime.net.stream_server import TaskStreamServer
+    from clamor.runtime.paging.memory import Budgets
+    from clamor.runtime.scheduling.executor import Executor
 
 logger = logging.getLogger("clamor.cluster")
 
@@ -54,7 +64,7 @@ class Worker:
     #: A thread is finding out how it ended (and may kill it): only that one marks it lost,
     #: so the reason is the one that thread gives, not "killed by signal 9" seen meanwhile.
     ending: bool = False
-    #: Retired by :meth:`ClusterWorkers.scale`: counted out as lost, and not replaced.
+    #: Retired by :meth:`WorkerRegistry.scale`: counted out as lost, and not replaced.
     retired: bool = False
     #: Set once the pager and the executor know it is lost (later callers wait for it).
     lost_told: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -63,45 +73,123 @@ class Worker:
 
 
 class SchedulerServicer(pb_grpc.SchedulerServicer):
-    """The ``Scheduler`` service; holds its cluster weakly so that it can be collected."""
+    """The ``Scheduler`` service; holds the registry weakly so that the cluster can be collected."""
 
-    def __init__(self, cluster: ClusterWorkers) -> None:
-        self._cluster = weakref.ref(cluster)
+    def __init__(self, registry: WorkerRegistry) -> None:
+        self._registry = weakref.ref(registry)
 
-    def _get(self, context) -> ClusterWorkers:
-        cluster = self._cluster()
-        if cluster is None:
+    def _get(self, context) -> WorkerRegistry:
+        registry = self._registry()
+        if registry is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the cluster is closed")
-        return cluster
+        return registry
 
     def Register(self, request, context):
-        return self._get(context)._on_register(request)
+        return self._get(context).on_register(request)
 
     def Ready(self, request, context):
-        self._get(context)._on_ready(request.worker_id, request.info)
+        self._get(context).on_ready(request.worker_id, request.info)
         return pb.ReadyReply()
 
     def Heartbeat(self, request, context):
-        return pb.HeartbeatReply(ok=self._get(context)._on_heartbeat(request.worker_id))
+        return pb.HeartbeatReply(ok=self._get(context).on_heartbeat(request.worker_id))
 
     def SpillPeers(self, request, context):
-        peers = self._get(context)._spill_peers(request.worker_id, request.nbytes)
+        peers = self._get(context).spill_peers(request.worker_id, request.nbytes)
         return pb.SpillPeersReply(peers=[pb.SpillPeer(worker_id=w, address=a, free=f) for w, a, f in peers])
 
     def FetchPartition(self, request, context):
-        cluster = self._get(context)
+        store = self._get(context).executor.driver_store
         key = decode_key(request.key)
-        if key not in cluster._executor.driver_store:
+        if key not in store:
             context.abort(grpc.StatusCode.NOT_FOUND, f"the driver holds no partition {key!r}")
-        return cluster._executor.driver_chunks(key)
+        return store.chunks(key)
 
 
-class ClusterWorkers:
-    """The worker-lifecycle half of ``Cluster`` (a mixin on the cluster's own state)."""
+class WorkerRegistry:
+    """A cluster's workers, under its own lock (module docstring).
+
+    ``n``: the workers it starts with (ids ``0..n-1``); ``launcher`` starts them;
+    ``paging`` and ``executor`` learn of each one ready and each one lost; ``budgets``,
+    ``spill``, ``spill_dir`` and ``streams`` make up a worker's configuration;
+    ``restarts``: lost workers replaced within :data:`RESTART_WINDOW`; ``start_timeout``:
+    seconds a starting worker gets to be ready.
+    """
+
+    def __init__(
+        self, n: int, *, launcher: Launcher, paging: DriverPaging, executor: Executor, budgets: Budgets,
+        spill: str, spill_dir: str, credentials: Credentials, streams: TaskStreamServer, restarts: int,
+        start_timeout: float,
+    ) -> None:  # fmt: skip
+        self.launcher, self.executor = launcher, executor
+        self._paging, self.budgets = paging, budgets
+        self._spill, self._spill_dir, self._streams = spill, spill_dir, streams
+        self._credentials = credentials
+        self._cond = threading.Condition()
+        self._workers: dict[int, Worker] = {}
+        #: The gRPC channels to the workers (closed with the cluster).
+        self.channels: list[grpc.Channel] = []
+        self._next_id = n
+        self._size = n  # what replacements of lost workers keep it at
+        self._start_timeout = start_timeout
+        self._restarts = restarts
+        self._restarted: collections.deque[float] = collections.deque()  # when, in the window
+        self._starting = 0  # replacements started and not ready (or failed) yet
+        #: Lost workers started anew.
+        self.replaced = 0
+        self._spawning = threading.Lock()
+        #: launch key -> [pid, reply or None while being answered]: a worker whose Register
+        #: call timed out on its side retries it, and gets the same id and reply again.
+        self._registrations: dict[str, list] = {}
+        self.closed = False
+
+    # --- the cluster's side ---
+
+    def start(self, n: int, timeout: float) -> None:
+        """Start the first ``n`` workers and wait until they are ready (``ClamorError``
+        naming the ones that are not)."""
+        try:
+            with self._spawning:
+                self.launcher.start(range(n))
+            self._wait_ready(range(n), timeout)
+        finally:
+            self._release_start_files()  # read by now: do not leave it behind
+
+    def close(self) -> list[Worker] | None:
+        """From now on the registry is closed: the live workers then (``None`` if it was
+        closed already)."""
+        with self._cond:
+            if self.closed:
+                return None
+            self.closed = True
+            return [w for w in self._workers.values() if w.lost is None]
+
+    def live(self) -> list[int]:
+        """The ids of the ready workers not lost, sorted."""
+        with self._cond:
+            return self._live_ids()
+
+    def all(self) -> list[Worker]:
+        """Every worker that registered (lost ones included), by id."""
+        with self._cond:
+            return sorted(self._workers.values(), key=lambda w: w.id)
+
+    def get(self, worker_id: int) -> Worker | None:
+        """The worker of that id (lost or not), or ``None``."""
+        return self._workers.get(worker_id)
+
+    def kill_worker(self, worker_id: int) -> None:
+        """SIGKILL a worker's process (fault injection) and wait until it has exited (it
+        is then replaced, while the restarts last)."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            raise ValueError(f"no worker {worker_id} (workers: {self.live()})")
+        if not self._kill(worker, "(kill_worker)", must=True):
+            raise ValueError(f"worker {worker_id} was not started by this cluster")
 
     # --- scheduler service callbacks (gRPC threads) ---
 
-    def _on_register(self, request: pb.RegisterRequest) -> pb.RegisterReply:
+    def on_register(self, request: pb.RegisterRequest) -> pb.RegisterReply:
         """Give the registering process its id and configuration. A retry (its call timed
         out on a loaded machine while the first one was being answered: same launch key,
         same pid) gets the first answer: a new id would leave the first one registered
@@ -131,8 +219,8 @@ class ClusterWorkers:
     def _register(self, request: pb.RegisterRequest) -> pb.RegisterReply:
         """A new registration: claim the launcher's reserved id (or the next free one)."""
         with self._cond:
-            worker_id = self._launcher.claim(request.launch_key, request.pid)
-            local = worker_id is not None and self._launcher.observes(worker_id)
+            worker_id = self.launcher.claim(request.launch_key, request.pid)
+            local = worker_id is not None and self.launcher.observes(worker_id)
             if worker_id is None:
                 worker_id, self._next_id = self._next_id, self._next_id + 1
         paging = self._paging.worker_config(worker_id, request.host)
@@ -140,12 +228,12 @@ class ClusterWorkers:
             self.budgets.zero_copy.add(worker_id)
         budget = self.budgets.of(worker_id)
         config = pb.WorkerConfig(
-            memory_budget=budget.total, zero_copy=budget.zero_copy, spill=spill_message(self.spill),
+            memory_budget=budget.total, zero_copy=budget.zero_copy, spill=spill_message(self._spill),
             spill_dir=self._spill_dir, task_stream_port=self._streams.port,
             task_stream_unix=self._streams.unix_name,
             paging=paging_config_message(dataclasses.replace(paging, page_cache_bytes=budget.page_cache)),
         )  # fmt: skip
-        channel = connect(request.address, self._token, tls=self._credentials.tls)
+        channel = connect(request.address, self._credentials.token, tls=self._credentials.tls)
         worker = Worker(
             worker_id,
             request.pid,
@@ -156,28 +244,28 @@ class ClusterWorkers:
             local,
         )
         with self._cond:
-            self._channels.append(channel)
+            self.channels.append(channel)
             self._workers[worker_id] = worker
             self._cond.notify_all()
         logger.info("worker %d registered: pid %d at %s", worker_id, request.pid, request.address)
         return pb.RegisterReply(worker_id=worker_id, config=config)
 
-    def _on_ready(self, worker_id: int, message: pb.WorkerInfo) -> None:
+    def on_ready(self, worker_id: int, message: pb.WorkerInfo) -> None:
         """``message``: what its pager announced, and the port of its bulk server (if any)."""
         info, bulk_port = worker_info(message)
         self._paging.worker_ready(worker_id, info)
         worker = self._workers[worker_id]
         bulk = format_address(worker.host, bulk_port) if bulk_port else ""
-        self._executor.worker_added(worker_id, worker.stub, worker.address, bulk)  # before it is used
+        self.executor.worker_added(worker_id, worker.stub, worker.address, bulk)  # before it is used
         with self._cond:
             worker.info = info
             worker.ready = True
             self._cond.notify_all()
 
-    def _on_unreachable(self, worker_id: int, details: str) -> None:
+    def on_unreachable(self, worker_id: int, details: str) -> None:
         """A call to a worker failed: find out how it ended (off the calling thread)."""
         worker = self._workers.get(worker_id)
-        if worker is None or self._closed or not self._claim_end(worker):
+        if worker is None or self.closed or not self._claim_end(worker):
             return
 
         threading.Thread(
@@ -203,7 +291,7 @@ class ClusterWorkers:
             worker.ending = True
             return True
 
-    def _on_heartbeat(self, worker_id: int) -> bool:
+    def on_heartbeat(self, worker_id: int) -> bool:
         with self._cond:
             worker = self._workers.get(worker_id)
             if worker is None or worker.lost is not None:
@@ -211,10 +299,10 @@ class ClusterWorkers:
             worker.last_heartbeat = time.monotonic()
             return True
 
-    def _spill_peers(self, worker_id: int, nbytes: int) -> list[tuple[int, str, int]]:
+    def spill_peers(self, worker_id: int, nbytes: int) -> list[tuple[int, str, int]]:
         """R3S's placement: the other live workers with room for ``nbytes`` in their partition
         budget (by what the driver knows they keep in memory), most free memory first."""
-        held = self._executor.ask(lambda s: s.memory_held())
+        held = self.executor.ask(lambda s: s.memory_held())
         with self._cond:
             addresses = {w.id: w.address for w in self._workers.values() if w.lost is None}
         free = self.budgets.free(held, exclude=worker_id, at_least=nbytes)
@@ -229,7 +317,7 @@ class ClusterWorkers:
                 pending = [i for i in ids if not (i in self._workers and self._workers[i].ready)]
                 if not pending:
                     return
-                dead = [i for i in pending if self._launcher.exitcode(i) is not None]
+                dead = [i for i in pending if self.launcher.exitcode(i) is not None]
                 if dead or time.monotonic() >= deadline:
                     problem = [self._startup_state(i) for i in (dead or pending)]
                     what = "failed to start" if dead else f"did not come up within {timeout:g} s"
@@ -237,33 +325,33 @@ class ClusterWorkers:
                 self._cond.wait(POLL_INTERVAL)
 
     def _startup_state(self, worker_id: int) -> str:
-        code = self._launcher.exitcode(worker_id)
+        code = self.launcher.exitcode(worker_id)
         if code is not None:
             state = describe_exit(code)
         elif worker_id in self._workers:
             state = "registered but not ready"
         else:
             state = "running but never registered"
-        return f"worker {worker_id} ({self._launcher.describe(worker_id)}) {state}"
+        return f"worker {worker_id} ({self.launcher.describe(worker_id)}) {state}"
 
     def _process_alive(self, worker: Worker) -> bool:
         """A local worker: its process has not exited. A remote one: a heartbeat came
         within :data:`HEARTBEAT_TIMEOUT`, or its task stream is still connected (its kernel
         keeps the TCP link checked while a task holds the worker's GIL, heartbeats and all)."""
         if worker.local:
-            return self._launcher.alive(worker.id)
+            return self.launcher.alive(worker.id)
         if time.monotonic() - worker.last_heartbeat < HEARTBEAT_TIMEOUT:
             return True
-        link = self._executor.link_of(worker.id)
+        link = self.executor.link_of(worker.id)
         return link is not None and link.connected
 
-    def _vouch(self, worker_id: int) -> bool:
+    def vouch(self, worker_id: int) -> bool:
         """Whether a worker silent on its task stream still lives (the stream's poller asks
         before it ends the stream): a local one if its process runs or sleeps (a task
         holding the GIL: a long C call), not if it is stopped or gone; a remote one always
         (the kernel's keepalive on its TCP stream finds a dead host or a cut link)."""
         worker = self._workers.get(worker_id)
-        if worker is None or worker.lost is not None or self._closed:
+        if worker is None or worker.lost is not None or self.closed:
             return False
         return not worker.local or process_runs(worker.pid)
 
@@ -273,12 +361,12 @@ class ClusterWorkers:
         if not worker.local:
             silent = time.monotonic() - worker.last_heartbeat
             how = "" if unreachable else f"no heartbeat for {silent:.1f} s; "
-            code = self._launcher.wait(worker.id, 2.0) if unreachable else self._launcher.exitcode(worker.id)
-            where = self._launcher.describe(worker.id)
+            code = self.launcher.wait(worker.id, 2.0) if unreachable else self.launcher.exitcode(worker.id)
+            where = self.launcher.describe(worker.id)
             return f"{how}{where}" + ("" if code is None else f" {describe_exit(code)}")
-        code = self._launcher.wait(worker.id, 2.0)
+        code = self.launcher.wait(worker.id, 2.0)
         if code is None:  # unreachable but running: it cannot be trusted any more
-            code = self._launcher.kill(worker.id)
+            code = self.launcher.kill(worker.id)
             return f"unreachable (no reply); killed: {describe_exit(code)}"
         return f"pid {worker.pid} {describe_exit(code)}"
 
@@ -292,7 +380,7 @@ class ClusterWorkers:
             logger.log(logging.INFO if worker.retired else logging.WARNING, "worker %d lost: %s", worker.id, how)
             try:
                 self._paging.worker_lost(worker.id)
-                self._executor.worker_lost(worker.id, error)
+                self.executor.worker_lost(worker.id, error)
             finally:
                 worker.lost_told.set()
             if not worker.retired:
@@ -317,7 +405,8 @@ class ClusterWorkers:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"a cluster needs at least one worker, got {n!r}")
         with self._cond:
-            self._check_open()
+            if self.closed:
+                raise ClamorError("the cluster is closed")
             live = self._live_ids()
             grow = max(0, n - len(live))
             if self._next_id + grow > MAX_WORKERS:
@@ -328,17 +417,17 @@ class ClusterWorkers:
         if not new:
             for worker_id in sorted(live)[n:]:
                 self._retire(self._workers[worker_id])
-            return self.workers
+            return self.live()
         try:
             with self._spawning:
-                self._launcher.start(new)
+                self.launcher.start(new)
             self._wait_ready(new, self._start_timeout if timeout is None else timeout)
         finally:
             with self._cond:
                 self._starting -= grow
                 self._cond.notify_all()
             self._release_start_files()
-        return self.workers
+        return self.live()
 
     def _retire(self, worker: Worker) -> None:
         """Count ``worker`` out (as lost, not replaced), then have its process exit."""
@@ -349,8 +438,8 @@ class ClusterWorkers:
             worker.stub.Shutdown(pb.ShutdownRequest(), timeout=2)
         except grpc.RpcError:
             pass  # gone already, or wedged: killed below
-        if worker.local and self._launcher.wait(worker.id, 5.0) is None:
-            self._launcher.kill(worker.id)
+        if worker.local and self.launcher.wait(worker.id, 5.0) is None:
+            self.launcher.kill(worker.id)
 
     # --- replacing lost workers ---
 
@@ -359,7 +448,7 @@ class ClusterWorkers:
         under a new id, while the restart budget lasts: the cluster keeps its size. It
         joins like the first ones (registration, then ready) on a thread of its own."""
         with self._cond:
-            if self._closed:
+            if self.closed:
                 return
             now = time.monotonic()
             while self._restarted and now - self._restarted[0] > RESTART_WINDOW:
@@ -380,12 +469,12 @@ class ClusterWorkers:
     def _start_replacement(self, lost: int, new: int) -> None:
         try:
             with self._spawning:  # a launcher writes its start-up files once
-                self._launcher.spawn(new)
+                self.launcher.spawn(new)
             self._wait_ready(range(new, new + 1), self._start_timeout)
-            self.workers_replaced += 1
+            self.replaced += 1
             logger.info("worker %d replaces lost worker %d", new, lost)
         except Exception as exc:  # noqa: BLE001 - a failed replacement leaves the cluster smaller
-            if not self._closed:
+            if not self.closed:
                 logger.warning("worker %d, started in place of lost worker %d, did not join: %s",
                                new, lost, exc)  # fmt: skip
         finally:
@@ -400,7 +489,7 @@ class ClusterWorkers:
             if self._starting:
                 return
         with self._spawning:
-            self._launcher.release_token_file()
+            self.launcher.release_token_file()
 
     def wait_for_workers(self, n: int | None = None, timeout: float | None = None) -> list[int]:
         """Wait until ``n`` workers are live (default: as many as the cluster started with)
@@ -425,7 +514,7 @@ class ClusterWorkers:
         marked lost all the same: it cannot be trusted)."""
         claimed = self._claim_end(worker)  # the reason is this one, not what a refresh sees
         try:
-            code = self._launcher.kill(worker.id, worker.pid)
+            code = self.launcher.kill(worker.id, worker.pid)
             ended, killed = "killed" if code is None else describe_exit(code), True
         except (NotImplementedError, KeyError):
             if must:
@@ -434,18 +523,18 @@ class ClusterWorkers:
                         worker.ending = False
                 return False
             ended, killed = "could not be killed by its launcher", False
-        self._mark_lost(worker, f"{self._launcher.describe(worker.id)} {ended} {why}")
+        self._mark_lost(worker, f"{self.launcher.describe(worker.id)} {ended} {why}")
         return killed
 
-    def _kill_unresponsive(self, worker_id: int, why: str) -> None:
+    def kill_unresponsive(self, worker_id: int, why: str) -> None:
         """The executor's call: a worker did not stop a cancelled task (``why``)."""
         worker = self._workers.get(worker_id)
-        if worker is not None and not self._closed and worker.lost is None:
+        if worker is not None and not self.closed and worker.lost is None:
             self._kill(worker, f"({why})")
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         """Mark local workers whose process has exited as lost (not while closing: they exit)."""
-        if self._closed:
+        if self.closed:
             return
         with self._cond:
             candidates = [w for w in self._workers.values()
@@ -454,10 +543,10 @@ class ClusterWorkers:
             if not self._process_alive(worker) and self._claim_end(worker):
                 self._mark_lost(worker, self._how_ended(worker))
 
-    def _live_worker(self, worker_id: int) -> Worker:
+    def live_worker(self, worker_id: int) -> Worker:
         worker = self._workers.get(worker_id)
         if worker is None or not worker.ready:
-            raise ValueError(f"no worker {worker_id} (workers: {self.workers})")
+            raise ValueError(f"no worker {worker_id} (workers: {self.live()})")
         if worker.lost is not None:
             raise WorkerLostError(worker_id, worker.lost)
         return worker

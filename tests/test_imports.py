@@ -122,7 +122,8 @@ RUNTIME_LAYERS = [
     {"storage", "data"},
     {"observe"},
     {"scheduling", "worker", "launchers"},
-    {"cluster_inspection", "cluster_workers", "futures", "joblib_backend"},
+    {"cluster_workers"},
+    {"cluster_inspection", "futures", "joblib_backend"},
     {"cluster"},
 ]
 

@@ -174,7 +174,7 @@ class ClamorMagics(LineCommands, ViewCommands, Magics):
         cluster = session.current()
         if cluster is None:
             for value in list(self.shell.user_ns.values()):
-                if isinstance(value, Cluster) and not getattr(value, "_closed", False):
+                if isinstance(value, Cluster) and not getattr(value, "closed", False):
                     return session.use(value)
         if cluster is None and start:
             print(f"starting the default cluster: {session.default_workers()} workers "
@@ -240,7 +240,7 @@ def resolve_source(ns: dict, name: str, hidden: set[str] = frozenset()) -> Any:
 def to_dataset(source: Any, name: str, cluster: Cluster, partitions: int | None) -> Dataset:
     """``source`` as a dataset of ``cluster``; a dataset is repartitioned if ``partitions`` differs."""
     if isinstance(source, Dataset):
-        if getattr(source._runner, "_closed", False):
+        if getattr(source._runner, "closed", False):
             raise UsageError(f"dataset {name!r} belongs to a cluster that was stopped; build it again")
         if partitions is not None and partitions != source.num_partitions:
             return source.repartition(partitions)

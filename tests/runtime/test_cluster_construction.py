@@ -42,7 +42,7 @@ def test_a_failed_constructor_leaves_the_process_clean(options, error, match):
         assert cluster.run(abs, -3) == 3
 
 
-@pytest.mark.parametrize("during", ["_throttle", "_launcher"])
+@pytest.mark.parametrize("during", ["_throttle", "registry.launcher"])
 def test_a_ctrl_c_during_close_still_closes_and_the_next_cluster_starts(during, monkeypatch):
     """The interrupt (here from inside close: stopping the throttle, or while the workers
     are given their seconds to exit) is held until the cluster is closed, then raised:
@@ -51,7 +51,9 @@ def test_a_ctrl_c_during_close_still_closes_and_the_next_cluster_starts(during, 
 
     cluster = Cluster(2, timeout=60)
     pids = [cluster.worker_pid(w) for w in cluster.workers]
-    part = getattr(cluster, during)
+    part = cluster
+    for name in during.split("."):
+        part = getattr(part, name)
     close = part.close
 
     def interrupted_close(*args, **kwargs):

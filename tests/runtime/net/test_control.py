@@ -16,6 +16,7 @@ import grpc
 import psutil
 import pytest
 from clamor.runtime.cluster import Cluster
+from clamor.runtime.cluster_workers import WorkerRegistry
 from clamor.runtime.credentials import Credentials, InsecureTokenFile, new_token
 from clamor.runtime.errors import (
     ClamorError,
@@ -344,25 +345,25 @@ def test_a_worker_the_driver_finds_unreachable_and_kills_keeps_that_reason(monke
     that sees the process dead in between must not get in first with a bare "killed by
     signal 9" (the keepalive test's flake on a loaded machine, made certain here)."""
     with Cluster(2, paging=NullDriverPaging(), speculation=False, timeout=30, restarts=0) as c:
-        launcher = c._launcher
+        launcher = c.registry.launcher
         kill = launcher.kill
 
         def kill_then_refresh(worker_id: int, *args: object) -> int | None:
             code = kill(worker_id, *args)
-            c._refresh()  # the executor's poll, running between the kill and the marking
+            c.registry.refresh()  # the executor's poll, running between the kill and the marking
             return code
 
         monkeypatch.setattr(launcher, "kill", kill_then_refresh)
         os.kill(c.worker_pid(0), signal.SIGSTOP)  # alive to its launcher, answers nothing
-        c._on_unreachable(0, "its task stream ended (test)")
-        worker = c._workers[0]
+        c.registry.on_unreachable(0, "its task stream ended (test)")
+        worker = c.registry.get(0)
         assert worker.lost_told.wait(30)
         assert worker.lost.startswith("its task stream ended (test); unreachable (no reply); "
                                       "killed: killed by signal 9"), worker.lost  # fmt: skip
         assert c.workers == [1]
         # kill_worker's own reason wins over a refresh in the same way
         c.kill_worker(1)
-        assert c._workers[1].lost.endswith("(kill_worker)"), c._workers[1].lost
+        assert c.registry.get(1).lost.endswith("(kill_worker)"), c.registry.get(1).lost
 
 
 def test_a_worker_whose_register_call_times_out_keeps_its_id_when_it_retries(monkeypatch):
@@ -371,21 +372,21 @@ def test_a_worker_whose_register_call_times_out_keeps_its_id_when_it_retries(mon
     stayed "registered but not ready" and a 72-worker start waited for it until its timeout)."""
     calls: list[int] = []
     retried = threading.Event()
-    on_register, register = Cluster._on_register, Cluster._register
+    on_register, register = WorkerRegistry.on_register, WorkerRegistry._register
 
-    def counting(self: Cluster, request: pb.RegisterRequest) -> pb.RegisterReply:
+    def counting(self: WorkerRegistry, request: pb.RegisterRequest) -> pb.RegisterReply:
         calls.append(request.pid)
         if len(calls) == 2:
             retried.set()
         return on_register(self, request)
 
-    def first_one_late(self: Cluster, request: pb.RegisterRequest) -> pb.RegisterReply:
+    def first_one_late(self: WorkerRegistry, request: pb.RegisterRequest) -> pb.RegisterReply:
         if len(calls) == 1:
             assert retried.wait(30), "the worker did not retry Register"
         return register(self, request)
 
-    monkeypatch.setattr(Cluster, "_on_register", counting)
-    monkeypatch.setattr(Cluster, "_register", first_one_late)
+    monkeypatch.setattr(WorkerRegistry, "on_register", counting)
+    monkeypatch.setattr(WorkerRegistry, "_register", first_one_late)
     with Cluster(1, paging=NullDriverPaging(), timeout=60) as c:
         assert len(calls) >= 2 and set(calls) == {c.worker_pid(0)}
         assert c.workers == [0] and [w["id"] for w in c.worker_stats()] == [0]
@@ -461,6 +462,7 @@ def test_worker_exits_when_parent_process_is_gone(tmp_path):
 DRIVER = """
 import sys, threading, time
 from clamor.runtime.cluster import Cluster
+from clamor.runtime.cluster_workers import WorkerRegistry
 box = []
 if sys.argv[1] == "thread":  # no PR_SET_PDEATHSIG: the watchdog alone must do it
     t = threading.Thread(target=lambda: box.append(Cluster(2, timeout=30)))

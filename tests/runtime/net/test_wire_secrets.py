@@ -96,7 +96,7 @@ def test_a_captured_proof_is_refused_when_sent_again():
 
 def test_a_worker_refuses_a_replayed_call():
     with Cluster(1, timeout=60) as cluster:
-        address = cluster._workers[0].address
+        address = cluster.registry.get(0).address
         proof = call_proofs.prove(cluster._token.encode(), "/clamor.v1.Worker/Stats")
         metadata = [(call_proofs.PROOF_METADATA_KEY, proof), (PROTOCOL_METADATA_KEY, PROTOCOL_VERSION)]
         with grpc.insecure_channel(address) as channel:
