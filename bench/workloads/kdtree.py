@@ -4,7 +4,7 @@
     python bench/run.py kdtree [--quick] [--repeat R] [--cold C] [--passes P] [--only SYSTEMS]
                            [--points N] [--queries Q] [--timeout S] [--wait-idle S] [--network [RATE]]
 
-The paper's geographic workload (issue 8, DESIGN.md section 9): N points around real
+The paper's geographic workload (issue 8; the paper's evaluation): N points around real
 US places (``runtime/geodata.scaled_points``, Morton order: neighbours share pages) in
 an unmodified ``sklearn.neighbors.KDTree`` (leaf size 40); Q queries around San
 Francisco (a random point of the region plus ~1 km of noise), 10 nearest neighbours

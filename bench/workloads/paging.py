@@ -3,7 +3,7 @@
 
     python bench/run.py paging [--quick] [--wait-idle SECONDS]
 
-For each page size it measures, on real worker processes (DESIGN.md section 3):
+For each page size it measures, on real worker processes (docs/paging.md):
 
 * the time a worker spends per demand-paged fault, for three fetch paths:
   ``shm`` (the worker copies the page out of the driver's memfd), ``tcp`` (the

@@ -5,7 +5,7 @@
                                 [--hosts 8,16] [--cases zipf,burst] [--table-mib M] [--burst-mib B]
                                 [--lookups L] [--zipf S] [--wait-idle S] [--network [RATE]]
 
-The dynamic-replication figure of the paper (issue 8, issue 20, DESIGN.md section 9),
+The dynamic-replication figure of the paper (issue 8, issue 20; docs/paging.md, "Redirects and replication"),
 scaled down: a table of M MiB of int64 in the arena (``clamor.array``, filled on the
 driver) and H workers, one per simulated host in network mode
 (``clamor.Cluster(workers=H, transport="tcp", replication=...)``). Two cases:

@@ -4,8 +4,8 @@
     python bench/run.py spill [--quick] [--partitions P] [--passes T] [--rounds N]
                           [--only peer,disk,recompute,memory,shm,numpy] [--timeout S] [--wait-idle S]
 
-R3S's spilling experiment (issue 9, DESIGN.md section 5, "Memory budgets"), scaled
-down to one 2-core machine: an iterative job persists a dataset of P partitions of
+R3S's spilling experiment (issue 9; the ``worker_memory`` and ``spill`` options of
+docs/user-guide.md), scaled down to one 2-core machine: an iterative job persists a dataset of P partitions of
 1 MiB (``cluster.range(0, P, partitions=P).map_partitions(make).persist()``), then
 re-reads it pass after pass; a pass is one cheap gradient-style reduction per partition
 (the partition as a 16-column matrix times a fixed 16-vector, summed), collected on the
