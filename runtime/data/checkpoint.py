@@ -49,7 +49,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from clamor.runtime.data import checkpoint_files as files
@@ -58,6 +58,9 @@ from clamor.runtime.errors import ClamorError, SerializationError
 from clamor.runtime.net import shipping
 from clamor.runtime.paging import arena
 from clamor.runtime.stage import PartitionKey
+
+if TYPE_CHECKING:
+    from clamor.runtime.data.dataset import Dataset
 
 __all__ = [
     "CheckpointError",
@@ -388,7 +391,7 @@ class _Writer:
         files.install(self.tmp, self.path)
         return manifest
 
-    def _write_dataset(self, k: int, ds: Any) -> dict:
+    def _write_dataset(self, k: int, ds: Dataset) -> dict:
         from clamor.runtime.data.plan import persist_key
 
         assert self.cluster is not None  # datasets belong to the cluster (start checks)
@@ -410,7 +413,7 @@ def _holes(ps: int) -> Callable[[int, int], np.ndarray]:
     return lambda first, stop: files.data_mask(fd, first, stop, ps)
 
 
-def _describe(ds: Any) -> str:
+def _describe(ds: Dataset) -> str:
     """The dataset's repr (its lineage, for the manifest's reader)."""
     try:
         return repr(ds)

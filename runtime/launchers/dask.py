@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from clamor.runtime.credentials import Credentials
@@ -323,7 +324,7 @@ class DaskLauncher(Launcher):
 
     # --- Launcher ---
 
-    def start(self, worker_ids: Any) -> None:
+    def start(self, worker_ids: Iterable[int]) -> None:
         """Spawn each id, on the Dask workers as they are now (checked again)."""
         with self._lock:
             self._targets = self._resolve_targets()
