@@ -104,7 +104,8 @@ def test_partitions_over_a_budget_spill_to_the_peer_while_it_has_room_then_to_di
 
 
 def test_a_spilled_partition_whose_holder_is_killed_is_recomputed_through_lineage():
-    with clamor.Cluster(workers=2, worker_memory=BUDGETS, **STEADY) as cluster:
+    # not replaced (restarts=0): a replacement forked at once would share the recomputation
+    with clamor.Cluster(workers=2, worker_memory=BUDGETS, restarts=0, **STEADY) as cluster:
         a = persist_block(cluster, 0)
         persist_block(cluster, 8)  # a's partitions on worker 0 spill to worker 1
         # a spill rides the worker's next results message: the last one may come just after
