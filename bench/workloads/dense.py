@@ -74,6 +74,7 @@ from peers import (
     _ATTACHED,
     WORKERS,
     OtherLoad,
+    _shm_init,
     _shm_view,
     family,
     find,
@@ -514,7 +515,7 @@ class ShmSystem(System):
         # block with a tracker of its own would have it unlink the block when it ends.
         resource_tracker.ensure_running()
         _BARRIER = context.Barrier(self.w)
-        self.pool = context.Pool(self.w)
+        self.pool = context.Pool(self.w, initializer=_shm_init)  # terminate() ends them quietly
         self.workers = sorted(self.pool.map(_shm_each, [False] * self.w, chunksize=1))
         shm = os.statvfs("/dev/shm")
         free = shm.f_bavail * shm.f_frsize
