@@ -281,7 +281,7 @@ def dense_plot(result: dict) -> str | None:
     systems = _dense_systems(result)
     if not workers or not systems:
         return None
-    fig, axes = plt.subplots(len(workers), 1, figsize=(10, 3.4 * len(workers)), squeeze=False)
+    fig, axes = plt.subplots(len(workers), 1, figsize=(11, 4.2 * len(workers)), squeeze=False)
     width = 0.8 / len(systems)
     for ax, w in zip(axes[:, 0], workers):
         reads, write = _dense_cases(result, w)
@@ -299,7 +299,7 @@ def dense_plot(result: dict) -> str | None:
         ax.set_yscale("log")
         ax.set_ylabel("median seconds")
         ax.set_title(f"{w} workers", fontsize=9)
-        ax.legend(fontsize=7, ncol=len(systems))
+        ax.legend(fontsize=7, ncol=min(4, len(systems)), loc="upper center", bbox_to_anchor=(0.5, -0.2))
     m = result.get("machine", {})
     fig.suptitle(f"{result.get('title', result['workload'])} — {m.get('nproc', '?')} cores "
                  f"({m.get('hostname', '?')})", fontsize=9)
