@@ -146,7 +146,6 @@ def interval(seconds: list[float]) -> str:
 
 def section(result: dict) -> list[str]:
     """The Markdown of one workload."""
-    base = result.get("baseline", "clamor")
     ps = result.get("page_size")
     lines = [f"## {result.get('title', result['workload'])} (`{result['workload']}`)", "",
              machine_line(result) + " " + (f"Page size: {human_bytes(ps)}." if ps else "")]
