@@ -412,14 +412,12 @@ class Cluster(ClusterInspection, DatasetSources):
 
     # --- page versions ---
 
-    @contextlib.contextmanager
-    def keep_versions(self, epoch: int) -> Iterator[None]:
+    def keep_versions(self, epoch: int) -> contextlib.AbstractContextManager[None]:
         """Keep the page versions epoch ``epoch`` reads while the block runs (replays,
         checkpoints); otherwise the version log frees what no lineage needs. Raises
         :class:`ClamorError` if they are gone already: the driver wrote pages after that
         epoch's stage, when nothing pinned it."""
-        with self.versions.keep(epoch):
-            yield
+        return self.versions.keep(epoch)
 
     def seal_epoch(self) -> int | None:
         """Seal a new arena epoch between two stages and pin its page versions until

@@ -399,8 +399,8 @@ class WorkerRegistry:
         timeout); a running stage uses them as they come. Shrinking retires the newest
         workers: each is counted out as a lost worker would be (its running tasks run
         again on the others, its kept partitions are recomputed from lineage when next
-        needed) but not replaced, then asked to exit. Results stay exact either way. Lost
-        workers are replaced up to ``n`` from now on.
+        needed) but not replaced, then asked to exit. Results stay exact either way. A
+        worker lost later is replaced as before (one for one, while the restarts last).
         """
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"a cluster needs at least one worker, got {n!r}")
