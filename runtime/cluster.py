@@ -29,7 +29,6 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Self
 
-import grpc
 from clamor.runtime import deadlines, joblib_backend
 from clamor.runtime.cluster_inspection import ClusterInspection
 from clamor.runtime.cluster_workers import SchedulerServicer, WorkerRegistry
@@ -41,6 +40,7 @@ from clamor.runtime.errors import ClamorError
 from clamor.runtime.futures import ClusterExecutor, ClusterFuture, Dispatcher
 from clamor.runtime.launchers.base import Launcher
 from clamor.runtime.launchers.local import LocalLauncher
+from clamor.runtime.net.fanout import call_each
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import CallRunner, pack_calls, pack_task
@@ -547,12 +547,7 @@ class Cluster(ClusterInspection, DatasetSources):
                 if self._publisher is not None:
                     self._publisher.close()
                 self._throttle.close()
-                futures = [w.stub.Shutdown.future(pb.ShutdownRequest(), timeout=2) for w in live]
-                for future in futures:
-                    try:
-                        future.result()
-                    except grpc.RpcError:
-                        pass
+                call_each(lambda w: w.stub.Shutdown(pb.ShutdownRequest(), timeout=2), live)  # errors: exiting
                 self.registry.launcher.close(timeout=5.0)  # let them exit on their own first
             finally:
                 self._finalizer()

@@ -9,6 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from clamor.runtime.net.fanout import call_each
 from clamor.runtime.net.messages import worker_stats
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.observe import html, snapshots
@@ -55,12 +56,10 @@ class ClusterInspection:
         self._check_open()
         self.registry.refresh()
         workers = self.registry.all()
-        calls = [
-            (w, w.stub.Stats.future(pb.StatsRequest(), timeout=10) if w.lost is None else None)
-            for w in workers
-        ]
+        live = [w for w in workers if w.lost is None]
+        replies = dict(zip(map(id, live), call_each(lambda w: w.stub.Stats(pb.StatsRequest(), timeout=10), live)))
         result = []
-        for worker, future in calls:
+        for worker in workers:
             entry: dict[str, Any] = {
                 "id": worker.id,
                 "pid": worker.pid,
@@ -68,11 +67,11 @@ class ClusterInspection:
                 "address": worker.address,
                 "alive": worker.lost is None,
             }
-            if future is not None:
-                try:
-                    entry.update(worker_stats(future.result().stats))
-                except grpc.RpcError as exc:
-                    entry["error"] = f"{exc.code().name}: {exc.details()}"
+            reply = replies.get(id(worker))
+            if isinstance(reply, grpc.RpcError):
+                entry["error"] = f"{reply.code().name}: {reply.details()}"
+            elif reply is not None:
+                entry.update(worker_stats(reply.stats))
                 entry.update(id=worker.id, pid=worker.pid, host=worker.host)
             else:
                 entry["lost"] = worker.lost

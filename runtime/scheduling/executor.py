@@ -39,6 +39,7 @@ from clamor.runtime.errors import (
     WorkerLostError,
 )
 from clamor.runtime.net import shipping
+from clamor.runtime.net.fanout import call_each
 from clamor.runtime.net.messages import decode_key, encode_key
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
@@ -565,18 +566,11 @@ class Executor:
     def _invalidate(self, epoch: int, pages: list[int], workers: list[int]) -> None:
         """Invalidate ``pages`` on every live worker; one that fails is reported unreachable."""
         request = pb.InvalidateRequest(epoch=epoch, pages=pages)
-        calls = [
-            (w, self._endpoints[w].stub.Invalidate.future(request, timeout=60))
-            for w in workers
-            if w in self._endpoints
-        ]
-        for worker, future in calls:
-            try:
-                future.result()
-            except grpc.RpcError as exc:
-                self._unreachable(
-                    worker, f"invalidation failed: {exc.code().name}: {exc.details()}"
-                )
+        workers = [w for w in workers if w in self._endpoints]
+        replies = call_each(lambda w: self._endpoints[w].stub.Invalidate(request, timeout=60), workers)
+        for worker, reply in zip(workers, replies):
+            if isinstance(reply, grpc.RpcError):
+                self._unreachable(worker, f"invalidation failed: {reply.code().name}: {reply.details()}")
 
     def value_of(self, result: TaskResult) -> Any:
         """A task's reply: as it came, or fetched from the worker keeping a large one."""
