@@ -190,13 +190,15 @@ class LocalLauncher(Launcher):
         return super().describe(worker_id) if proc is None else f"pid {proc.pid}"
 
     def alive(self, worker_id: int) -> bool:
-        """Whether the worker's process still runs. ``Popen.poll`` alone says "running"
-        while another thread is inside ``wait()`` (e.g. ``kill_worker``), so a process
-        that has died (a zombie) or was reaped is checked for as well."""
+        """Whether the worker's process still runs. A forked worker's exit is reported by
+        its template, which reaps it, so its ``poll`` is enough (asked before every stage:
+        no system call per worker). ``Popen.poll`` alone says "running" while another
+        thread is inside ``wait()`` (e.g. ``kill_worker``), so for a worker started on its
+        own, a process that has died (a zombie) or was reaped is checked for as well."""
         proc = self._procs[worker_id]
         if proc.poll() is not None:
             return False
-        return _running(proc.pid)
+        return isinstance(proc, ForkedWorker) or _running(proc.pid)
 
     def exitcode(self, worker_id: int) -> int | None:
         """``None`` while running (or not started here); the exit status, ``-signal`` if killed."""
