@@ -2,7 +2,8 @@
 # Sourced by the 16-core scripts beside it (dense_16cores.sh, suite_16cores.sh): prints
 # the machine, installs the wheels carried in $ROOT/.whl into /tmp/site (PYTHONPATH),
 # finds OpenSSL's and Python's headers (carried too if the image lacks them), builds
-# Clamor in place and grows /dev/shm. Needs ROOT and OUT; exits on a failed step.
+# Clamor in place and grows /dev/shm (once: a second call on the same warm machine
+# skips to the workloads). Needs ROOT and OUT; exits on a failed step.
 WHL=$ROOT/.whl
 SITE=/tmp/site
 say() { echo "== $(date +%T) $*"; }
@@ -16,6 +17,12 @@ df -h /dev/shm /tmp
 python3 --version
 command -v python3 gcc || true
 cat /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null || true
+
+if [ -e "$SITE/.clamor-set-up" ]; then  # a second call on the same (warm) machine
+    say "set up already: $SITE"
+    export PYTHONPATH=$SITE
+    return 0
+fi
 
 say "wheels into $SITE"
 [ -d "$WHL" ] || { echo "no $WHL: name .whl in the run's carry"; exit 2; }
@@ -50,6 +57,8 @@ say "build clamor"
 python3 -c 'import clamor, ray, dask, distributed, numpy
 print("clamor", clamor.__file__); print("ray", ray.__version__, "dask", dask.__version__,
       "distributed", distributed.__version__, "numpy", numpy.__version__)' || exit 5
+
+touch "$SITE/.clamor-set-up"
 
 # Ray's object store (twice the table) and the shared-memory row live in /dev/shm.
 shm_gib=$(df -BG --output=size /dev/shm | tail -1 | tr -dc 0-9)

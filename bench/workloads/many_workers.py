@@ -30,6 +30,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -118,6 +119,12 @@ def main() -> None:
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             by[(system, n)] = med
             rows.append(row(SYSTEMS[system], f"{n} workers", [r["start_s"] for r in runs], **med))
+        path = _save(args, sizes, repeat, rows, by)  # after each size: a larger one that never ends keeps these
+    progress(f"wrote {path}")
+
+
+def _save(args: argparse.Namespace, sizes: list[int], repeat: int, rows: list[dict], by: dict) -> Path:
+    """Write the rows measured so far, with the goals they decide, to the JSON."""
     cores = os.cpu_count() or 1
     targets = {512: ("start_s", 5.0), 1000: ("start_s", 10.0)} if cores >= 16 else {128: ("start_s", 5.0)}
     goals = [goal(f"{n} workers ready in at most {t:g} s on {cores} cores (target ÷ measured)",
@@ -132,7 +139,7 @@ def main() -> None:
               "params": {"workers": sizes, "repeat": repeat, "cores": cores,
                          "command": " ".join(["python bench/run.py many_workers", *sys.argv[1:]])},
               "rows": rows, "goals": goals}  # fmt: skip
-    progress(f"wrote {save(result)}")
+    return save(result)
 
 
 if __name__ == "__main__":
