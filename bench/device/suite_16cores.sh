@@ -19,6 +19,7 @@ export CLAMOR_BENCH_SUFFIX=-16cores
 mkdir -p "$OUT"
 exec > >(tee "$OUT/suite-16cores.log") 2>&1
 
+started=$(mktemp)  # its time stamp marks the results this run writes
 source "$ROOT/bench/device/setup.sh"
 
 cd /tmp || exit 6
@@ -29,7 +30,10 @@ for item in "${items[@]}"; do
     # shellcheck disable=SC2086  # the arguments are a list
     PYTHONUNBUFFERED=1 timeout -s INT -k 20 "$seconds" python3 "$ROOT/bench/run.py" "$name" $args
     say "$name: exit status $?"
+    # What this run wrote so far, into $OUT after each workload (a call cut short keeps
+    # them; at most 7 files come back with the log). Not git's view: the device's .git
+    # can lag the tree it was sent with.
+    find "$ROOT/bench/results" -newer "$started" \( -name '*-16cores.json' -o -name '*-16cores.md' \) \
+        -exec cp -t "$OUT/" {} +
 done
-cd "$ROOT" && git status --short bench/results | awk '{print $2}' | grep -- '-16cores\.\(json\|md\)$' \
-    | xargs -r cp -t "$OUT/"  # what this run wrote (at most 7 files come back with the log)
 ls -la "$OUT"
