@@ -45,6 +45,8 @@ HEARTBEAT_TIMEOUT = 10.0
 POLL_INTERVAL = 0.1
 #: How long a retried Register waits for the first attempt's answer (then it is a new one).
 REGISTER_PATIENCE = 30.0
+#: How long a retried Ready waits for the first attempt to finish adding the worker.
+READY_RETRY_WAIT = 30.0
 #: ``Cluster(restarts=n)``: at most n lost workers are replaced within this many seconds
 #: (a worker that dies as it starts must not be restarted forever).
 RESTART_WINDOW = 60.0
@@ -60,6 +62,7 @@ class Worker:
     stub: pb_grpc.WorkerStub
     local: bool  # its launcher sees the process (a local subprocess)
     ready: bool = False
+    announced: bool = False  # its Ready call came (and is being, or was, answered)
     lost: str | None = None  # how it was lost
     #: A thread is finding out how it ended (and may kill it): only that one marks it lost,
     #: so the reason is the one that thread gives, not "killed by signal 9" seen meanwhile.
@@ -251,10 +254,26 @@ class WorkerRegistry:
         return pb.RegisterReply(worker_id=worker_id, config=config)
 
     def on_ready(self, worker_id: int, message: pb.WorkerInfo) -> None:
-        """``message``: what its pager announced, and the port of its bulk server (if any)."""
+        """``message``: what its pager announced, and the port of its bulk server (if any).
+        A retry (its call timed out on a loaded driver while the first was being answered)
+        waits for the first instead of adding the worker twice."""
+        worker = self._workers[worker_id]
+        with self._cond:
+            if worker.announced:
+                self._cond.wait_for(lambda: worker.ready or worker.lost is not None, READY_RETRY_WAIT)
+                return
+            worker.announced = True
+        try:
+            self._make_ready(worker, message)
+        except BaseException:
+            with self._cond:
+                worker.announced = False  # a retry may try again
+            raise
+
+    def _make_ready(self, worker: Worker, message: pb.WorkerInfo) -> None:
+        worker_id = worker.id
         info, bulk_port = worker_info(message)
         self._paging.worker_ready(worker_id, info)
-        worker = self._workers[worker_id]
         bulk = format_address(worker.host, bulk_port) if bulk_port else ""
         self.executor.worker_added(worker_id, worker.stub, worker.address, bulk)  # before it is used
         with self._cond:

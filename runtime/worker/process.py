@@ -195,31 +195,28 @@ _BUSY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.St
          grpc.StatusCode.RESOURCE_EXHAUSTED)  # fmt: skip
 
 
-def _register(
-    scheduler, target: str, request: pb.RegisterRequest, timeout: float
-) -> pb.RegisterReply:
-    """Register with the driver, retrying for ``timeout`` seconds; exit if it never answers.
+def _call_patiently(call, request, what: str, timeout: float):
+    """``call(request)`` (a ``Scheduler`` method: registration, readiness), retried for
+    ``timeout`` seconds; the worker exits if the driver refuses it or never answers.
 
     A busy driver's answer (:data:`_BUSY`) is retried after a jittered, doubling pause,
-    each try allowed longer than the last: a thousand workers registering at once spread
-    out instead of retrying in step. A retry carries the same launch key and pid, so the
-    driver answers it with the reply it gave (or is giving) the first try.
+    each try allowed longer than the last: a thousand workers calling at once spread out
+    instead of retrying in step. The driver answers a retry as it answered (or is
+    answering) the first try: a registration by its launch key and pid, a readiness by
+    the worker's id.
     """
     deadline = time.monotonic() + timeout
     last, pause, patience = "no attempt", 0.1, 2.0
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            _die(EXIT_DRIVER_UNREACHABLE, f"cannot reach the driver at {target}: {last}")
+            _die(EXIT_DRIVER_UNREACHABLE, f"{what}: cannot reach the driver: {last}")
         try:
-            return scheduler.Register(request, timeout=min(patience, remaining), wait_for_ready=True)
+            return call(request, timeout=min(patience, remaining), wait_for_ready=True)
         except grpc.RpcError as exc:
             code = exc.code()
             if code not in _BUSY:
-                _die(
-                    EXIT_DRIVER_REFUSED,
-                    f"the driver refused registration: {code.name}: {exc.details()}",
-                )
+                _die(EXIT_DRIVER_REFUSED, f"{what}: the driver refused: {code.name}: {exc.details()}")
             last = f"{code.name}: {exc.details()}"
         time.sleep(min(random.uniform(0, pause), max(0.0, deadline - time.monotonic())))
         pause, patience = min(2 * pause, 2.0), min(2 * patience, 16.0)
@@ -392,12 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         token, [(pb_grpc.add_WorkerServicer_to_server, servicer)], host=host, max_workers=4, tls=tls
     )
     scheduler = pb_grpc.SchedulerStub(connect(args.connect, token, tls=tls, control=True))
-    reply = _register(
-        scheduler,
-        args.connect,
-        pb.RegisterRequest(pid=os.getpid(), host=host, address=address, launch_key=args.launch_key),
-        args.register_timeout,
-    )
+    request = pb.RegisterRequest(pid=os.getpid(), host=host, address=address, launch_key=args.launch_key)
+    reply = _call_patiently(scheduler.Register, request, f"registration with {args.connect}", args.register_timeout)
     worker_id = reply.worker_id
     threading.Thread(
         target=_watchdog,
@@ -423,13 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     if not tls:  # partitions to peers over plain TCP (runtime/storage/bulk.py); with TLS, gRPC only
         servicer.bulk = BulkServer(token.encode(), host, servicer.store.lookup)
     ready = worker_info_message(info, servicer.bulk.port if servicer.bulk else 0)
-    try:
-        scheduler.Ready(pb.ReadyRequest(worker_id=worker_id, info=ready), timeout=30)
-    except grpc.RpcError as exc:
-        _die(
-            EXIT_DRIVER_UNREACHABLE,
-            f"worker {worker_id}: Ready failed: {exc.code().name}: {exc.details()}",
-        )
+    _call_patiently(scheduler.Ready, pb.ReadyRequest(worker_id=worker_id, info=ready),
+                    f"worker {worker_id}: Ready", args.register_timeout)  # fmt: skip
     logger.info("worker %d serving on %s", worker_id, address)
     executor = servicer.executor
     stream_address = format_address(driver_host, int(config.task_stream_port))

@@ -393,6 +393,34 @@ def test_a_worker_whose_register_call_times_out_keeps_its_id_when_it_retries(mon
         assert c.run(abs, -3, worker=0) == 3
 
 
+def test_a_worker_whose_ready_call_times_out_is_added_once_when_it_retries(monkeypatch):
+    """A loaded driver answers Ready after the worker's 2 s deadline (1,000 workers on 16
+    cores: one was CANCELLED and exited): the worker retries, the retry waits for the
+    first answer, and the worker is added once."""
+    calls: list[int] = []
+    made: list[int] = []
+    retried = threading.Event()
+    on_ready, make_ready = WorkerRegistry.on_ready, WorkerRegistry._make_ready
+
+    def counting(self: WorkerRegistry, worker_id: int, message: pb.WorkerInfo) -> None:
+        calls.append(worker_id)
+        if len(calls) == 2:
+            retried.set()
+        on_ready(self, worker_id, message)
+
+    def first_one_late(self: WorkerRegistry, worker, message: pb.WorkerInfo) -> None:
+        assert retried.wait(30), "the worker did not retry Ready"
+        made.append(worker.id)
+        make_ready(self, worker, message)
+
+    monkeypatch.setattr(WorkerRegistry, "on_ready", counting)
+    monkeypatch.setattr(WorkerRegistry, "_make_ready", first_one_late)
+    with Cluster(1, paging=NullDriverPaging(), timeout=60) as c:
+        assert calls[:2] == [0, 0] and made == [0]
+        assert c.workers == [0]
+        assert c.run(abs, -3, worker=0) == 3
+
+
 def test_startup_failure_names_the_workers():
     class BadPaging:
         def worker_config(self, worker_id, host):
