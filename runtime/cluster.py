@@ -40,7 +40,7 @@ from clamor.runtime.errors import ClamorError
 from clamor.runtime.futures import ClusterExecutor, ClusterFuture, Dispatcher
 from clamor.runtime.launchers.base import Launcher
 from clamor.runtime.launchers.local import LocalLauncher
-from clamor.runtime.net.fanout import call_each
+from clamor.runtime.net.calls import call_each
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import CallRunner, pack_calls, pack_task
@@ -547,7 +547,11 @@ class Cluster(ClusterInspection, DatasetSources):
                 if self._publisher is not None:
                     self._publisher.close()
                 self._throttle.close()
-                call_each(lambda w: w.stub.Shutdown(pb.ShutdownRequest(), timeout=2), live)  # errors: exiting
+                # On its task stream where it has one (a write each: no call, no reply to
+                # wait for), else by a call; then the launcher waits for them to exit.
+                unlinked = set(self._executor.shut_down(w.id for w in live))
+                unlinked_workers = [w for w in live if w.id in unlinked]
+                call_each(lambda w: w.stub.Shutdown(pb.ShutdownRequest(), timeout=2), unlinked_workers)  # errors: exiting
                 self.registry.launcher.close(timeout=5.0)  # let them exit on their own first
             finally:
                 self._finalizer()

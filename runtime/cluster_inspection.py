@@ -9,7 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from clamor.runtime.net.fanout import call_each
+from clamor.runtime.net.calls import call_each
 from clamor.runtime.net.messages import worker_stats
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.observe import html, snapshots

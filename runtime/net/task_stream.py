@@ -256,6 +256,14 @@ class DriverLink:
         """Free partitions on the worker."""
         self._send(pb.DriverMessage(drop=list(keys)))
 
+    def shut_down(self) -> bool:
+        """Tell the worker to exit (the cluster is closing); False if the stream is not
+        connected (then nothing was sent: the caller asks another way)."""
+        if not self.connected:
+            return False
+        self._send(pb.DriverMessage(shutdown=True))
+        return True
+
     def close(self, why: str = "", code: grpc.StatusCode = grpc.StatusCode.OK) -> None:
         """End the stream (what is still waiting to be written is not sent); the worker
         gets ``code`` and ``why``. ``on_end`` is not called: the driver knows."""

@@ -39,7 +39,7 @@ from clamor.runtime.errors import (
     WorkerLostError,
 )
 from clamor.runtime.net import shipping
-from clamor.runtime.net.fanout import call_each
+from clamor.runtime.net.calls import call_each
 from clamor.runtime.net.messages import decode_key, encode_key
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
@@ -466,6 +466,11 @@ class Executor:
             values = [self.value_of(r) for r in results]
         self._merge_accumulators(results)
         return values
+
+    def shut_down(self, workers: Iterable[int]) -> list[int]:
+        """Tell each worker on its task stream to exit (the cluster is closing): one write
+        each, no reply awaited. The workers whose stream is not connected (told nothing)."""
+        return [w for w in workers if (link := self._link(w)) is None or not link.shut_down()]
 
     def _linked_workers(self) -> int:
         """How many workers have an open task stream (cheap: no process is looked at)."""

@@ -412,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     servicer.budget = budget_of(config)
     servicer.store = _spilling_store(worker_id, config, scheduler, servicer)
-    servicer.executor = WorkerExecutor(worker_id, paging, scheduler, credentials, servicer.store)
+    servicer.executor = WorkerExecutor(worker_id, paging, scheduler, credentials, servicer.store,
+                                       shutdown=servicer.shutdown_requested)  # fmt: skip
     if not tls:  # partitions to peers over plain TCP (runtime/storage/bulk.py); with TLS, gRPC only
         servicer.bulk = BulkServer(token.encode(), host, servicer.store.lookup)
     ready = worker_info_message(info, servicer.bulk.port if servicer.bulk else 0)

@@ -113,8 +113,11 @@ class WorkerExecutor:
         scheduler: pb_grpc.SchedulerStub,
         credentials: Credentials,
         store: PartitionStore,
+        shutdown: threading.Event | None = None,
     ) -> None:
         self.worker_id = worker_id
+        #: Set when the driver says the cluster is closing (the process then exits).
+        self.shutdown = shutdown if shutdown is not None else threading.Event()
         self.tasks_run = 0
         self.paging = paging
         self._scheduler = scheduler
@@ -143,7 +146,11 @@ class WorkerExecutor:
 
     def apply(self, message: pb.DriverMessage) -> None:
         """A message from the driver, in its order: launches, cancels, partition drops;
-        then the attempts queued, on this thread, while no other item runs."""
+        then the attempts queued, on this thread, while no other item runs. A shutdown
+        sets :attr:`shutdown` and nothing else runs."""
+        if message.shutdown:
+            self.shutdown.set()
+            return
         for request in message.launches:
             self.launch(request, wake=False)
         if message.cancel:
