@@ -2,7 +2,7 @@
 each worker costs the driver.
 
     python bench/run.py many_workers [--quick] [--workers 64,256,512,1000] [--repeat R]
-                                     [--only forked,one-by-one,limit]
+                                     [--only forked,one-by-one,limit,kill]
 
 What a user of a large machine does (issue 34): ``clamor.Cluster(workers=N)``, a stage
 of ``2 N`` tiny tasks, the same stage again, a stage in which every worker reads one
@@ -12,7 +12,10 @@ arena value, then ``close()``. For each N, in this order, each system ``R`` time
   imported everything (runtime/worker/template.py);
 * ``clamor (one start-up each)``: ``LocalLauncher(fork=False)``: a Python start-up per worker;
 * ``limit: fork N processes``: the OS's floor: ``os.fork`` N children of this process,
-  each exiting at once, and reap them (no Python start-up, no registration).
+  each exiting at once, and reap them (no Python start-up, no registration);
+* ``limit: SIGKILL the workers``: the floor of a close: as ``forked``, but its close time
+  is that of SIGKILLing every worker and waiting until each is reaped (the kernel's
+  teardown of N processes forked from one template), before an untimed ``close()``.
 
 Recorded per row (medians over the repetitions): ``start_s``, ``first_stage_s``,
 ``stage_s``, ``read_stage_s``, ``close_s``, and, right after the start, the driver's
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import time
@@ -38,7 +42,8 @@ from harness import progress
 from harness.results import goal, row, save
 
 DEFAULTS, QUICK = "64,256,512,1000", "16,64,128"
-SYSTEMS = {"forked": "clamor (forked)", "one-by-one": "clamor (one start-up each)", "limit": "limit: fork N processes"}
+SYSTEMS = {"forked": "clamor (forked)", "one-by-one": "clamor (one start-up each)", "limit": "limit: fork N processes",
+           "kill": "limit: SIGKILL the workers"}  # fmt: skip
 
 
 def _value(a: np.ndarray) -> float:
@@ -54,14 +59,24 @@ def _children_left(timeout: float = 20.0) -> list[int]:
     return []
 
 
-def clamor_once(n: int, fork: bool) -> dict[str, float]:
+def _kill_all(pids: list[int]) -> None:
+    """SIGKILL every process and wait until each has been reaped (by its parent)."""
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        while psutil.pid_exists(pid):
+            time.sleep(0.0005)
+
+
+def clamor_once(n: int, fork: bool, kill: bool = False) -> dict[str, float]:
     import clamor
 
     value = clamor.asarray(np.full(512, 7.0))
     me = psutil.Process()
     rss0 = me.memory_info().rss
     t0 = time.perf_counter()
-    cluster = clamor.Cluster(workers=n, launcher=clamor.LocalLauncher(fork=fork), timeout=600)
+    launcher = clamor.LocalLauncher(fork=fork)
+    cluster = clamor.Cluster(workers=n, launcher=launcher, timeout=600, restarts=0 if kill else None)
     out = {"start_s": time.perf_counter() - t0}
     try:
         out["driver_fds_per_worker"] = len(os.listdir("/proc/self/fd")) / n
@@ -78,8 +93,13 @@ def clamor_once(n: int, fork: bool) -> dict[str, float]:
         assert len(cluster.workers) == n, "workers were lost"
     finally:
         t = time.perf_counter()
-        cluster.close()
-        out["close_s"] = time.perf_counter() - t
+        if kill:
+            _kill_all([cluster.worker_pid(w) for w in cluster.workers])
+            out["close_s"] = time.perf_counter() - t
+            cluster.close()
+        else:
+            cluster.close()
+            out["close_s"] = time.perf_counter() - t
     assert not _children_left(), "processes were left after close"
     return out
 
@@ -113,7 +133,7 @@ def main() -> None:
         for system in systems:
             runs = []
             for _ in range(repeat):
-                r = limit_once(n) if system == "limit" else clamor_once(n, fork=system == "forked")
+                r = limit_once(n) if system == "limit" else clamor_once(n, system != "one-by-one", system == "kill")
                 runs.append(r)
                 progress(f"  {SYSTEMS[system]} {n}: " + ", ".join(f"{k} {v:.3g}" for k, v in r.items()))
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -133,7 +153,9 @@ def _save(args: argparse.Namespace, sizes: list[int], repeat: int, rows: list[di
     if cores >= 16 and ("forked", 512) in by:
         goals += [goal("the first stage of 2 tiny tasks a worker on 512 fresh workers in at most 0.3 s",
                        0.3 / by[("forked", 512)]["first_stage_s"], 1.0),
-                  goal("close of 512 workers in at most 0.5 s", 0.5 / by[("forked", 512)]["close_s"], 1.0)]  # fmt: skip
+                  goal("close of 512 workers in at most 0.5 s", 0.5 / by[("forked", 512)]["close_s"], 1.0,
+                       f"SIGKILLing the 512 workers and waiting until they are reaped takes {by[('kill', 512)]['close_s']:.3f} s"
+                       if ("kill", 512) in by else "")]  # fmt: skip
     result = {"workload": "many_workers", "quick": args.quick,
               "title": "Many local workers: start, first stage, stage, close, and the driver's cost per worker",
               "params": {"workers": sizes, "repeat": repeat, "cores": cores,
