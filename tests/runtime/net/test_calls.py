@@ -1,4 +1,4 @@
-"""One call to many workers (runtime/net/fanout.py): every target's answer, in order, on
+"""One call to many workers (runtime/net/calls.py): every target's answer, in order, on
 a bounded number of threads; a failed call is an answer, not an exception."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import grpc
 import pytest
-from clamor.runtime.net import fanout
+from clamor.runtime.net import calls
 
 
 class Refused(grpc.RpcError):
@@ -24,7 +24,7 @@ def test_each_target_gets_its_answer_in_order_and_a_refusal_is_returned():
         time.sleep(0.001 * (10 - n))  # later targets answer first
         return n * n
 
-    assert fanout.call_each(call, list(range(10))) == [0, 1, 4, refused, 16, 25, 36, 49, 64, 81]
+    assert calls.call_each(call, list(range(10))) == [0, 1, 4, refused, 16, 25, 36, 49, 64, 81]
 
 
 def test_at_most_fan_out_threads_calls_are_in_flight():
@@ -38,11 +38,11 @@ def test_at_most_fan_out_threads_calls_are_in_flight():
         with lock:
             now[0] -= 1
 
-    fanout.call_each(call, list(range(4 * fanout.FAN_OUT_THREADS)))
-    assert 1 < most[0] <= fanout.FAN_OUT_THREADS
+    calls.call_each(call, list(range(4 * calls.FAN_OUT_THREADS)))
+    assert 1 < most[0] <= calls.FAN_OUT_THREADS
 
 
 def test_an_error_that_is_not_a_call_failure_propagates():
     with pytest.raises(ZeroDivisionError):
-        fanout.call_each(lambda n: 1 / n, [1, 0, 2])
-    assert fanout.call_each(lambda n: n, []) == []
+        calls.call_each(lambda n: 1 / n, [1, 0, 2])
+    assert calls.call_each(lambda n: n, []) == []
