@@ -82,6 +82,16 @@ def ratio(result: dict[str, Any], system: str, case: str, baseline: str = "clamo
     return None if a is None or not b else a / b
 
 
+def commit_of(result: dict[str, Any]) -> tuple[str, bool | None]:
+    """The commit a result measured and whether the tree differed from it (``None``: not
+    recorded). A run on a copy of the tree (bench/device) names the tree's commit as
+    ``tree_commit``: the copy's own .git can lag it, and the changes it lists are the
+    difference from that older commit."""
+    if result.get("tree_commit"):
+        return result["tree_commit"], False
+    return result.get("commit") or "?", result.get("dirty")
+
+
 def goal(text: str, value: float | None, target: float, why: str = "") -> dict[str, Any]:
     """A goal of the issue: met when ``value >= target`` (values are ratios)."""
     return {"goal": text, "value": value, "target": target,

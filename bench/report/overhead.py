@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness import BUSY_CORES
-from harness.results import goal, goal_lines, median, median_ci
+from harness.results import commit_of, goal, goal_lines, median, median_ci
 
 FUSED, UNFUSED = "clamor", "clamor (no fusion)"
 #: Each peer's rows: its task-a-call program, and its batched programs.
@@ -196,8 +196,8 @@ def render(result: dict[str, Any]) -> str:
          f"{m['cpu']}, {m.get('memory_gib', '?')} GiB, Linux {m['kernel']}, Python {m['python']}. Versions: "
          + ", ".join(f"{k} {v}" for k, v in versions.items())
          + f". Command: `{result['command']}` (total {result['elapsed_s']:.0f} s), at commit "
-         f"`{result['commit']}`"
-         + (f" with uncommitted changes ({', '.join(result['changes'])})" if result.get("dirty") else "")
+         f"`{commit_of(result)[0]}`"
+         + (f" with uncommitted changes ({', '.join(result['changes'])})" if commit_of(result)[1] else "")
          + f". Load average before / after: {result['loadavg_before']} / {result['loadavg_after']}."),
         "",
         (f"Protocol: {p['workers']} worker processes per system. Per task: N = {p['tasks']} empty tasks "

@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from harness.results import RESULTS, median, median_ci, ratio
+from harness.results import RESULTS, commit_of, median, median_ci, ratio
 
 #: The README's generated table sits between these lines (``main`` rewrites it).
 README = RESULTS.parents[1] / "README.md"
@@ -117,13 +117,13 @@ def machine_line(result: dict) -> str:
     lack some of it: shown as such)."""
     m = result.get("machine", {})
     p = result.get("params") or {}
-    dirty = result.get("dirty")
+    commit, dirty = commit_of(result)
     tree = (" with uncommitted changes" if dirty else "" if dirty is False
             else " (whether the tree had uncommitted changes was not recorded)")  # fmt: skip
     memory = f", {m['memory_gib']:g} GiB" if m.get("memory_gib") else ""
     command = result.get("command") or p.get("command")
     versions = ", ".join(f"{k} {v}" for k, v in (result.get("versions") or p.get("versions") or {}).items() if v)
-    return (f"Run {result.get('date', '?')} at commit `{result.get('commit') or '?'}`{tree} on "
+    return (f"Run {result.get('date', '?')} at commit `{commit}`{tree} on "
             f"`{m.get('hostname', '?')}`: {m.get('nproc', '?')} cores ({m.get('cpu', '?')}){memory}, Linux "
             f"{m.get('kernel', '?')}, Python {m.get('python', '?')}"
             + (" — **quick** sizes" if result.get("quick") else "")
@@ -401,11 +401,11 @@ def headline_table(results: list[dict]) -> list[str]:
             med = median(mine["seconds"])
             vs = f"{best['system']}: {ratio(result, best['system'], case, base):.2f}×" if best else "—"
             over = f"{med / median(limit['seconds']):.2f}× ({limit['system'][7:]})" if limit else "—"
-            dirty = "+" if result.get("dirty") else ""
+            commit, dirty = commit_of(result)
             lines.append(f"| [{result['workload']}](bench/results/REPORT.md#{result['workload']}) | {case} | "
                          f"{human_seconds(med)} | {vs} | {over} | {len(mine['seconds'])} | "
                          f"{machine_name(result)} | {str(result.get('date', '?'))[:10]}, "
-                         f"`{result.get('commit') or '?'}`{dirty} |")
+                         f"`{commit}`{'+' if dirty else ''} |")
     return lines
 
 
