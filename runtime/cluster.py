@@ -10,8 +10,9 @@ type, with the remote traceback attached; a worker that dies during a stage
 raises :class:`~clamor.runtime.errors.WorkerLostError`. Either way the cluster
 stays usable. Its parts, each with its own state: ``registry``, the
 :class:`~clamor.runtime.cluster_workers.WorkerRegistry` (registration, liveness, loss,
-replacement, scaling); its inspection (``cluster_inspection``: what it shows about itself,
-read from the parts' public faces); and its resources, closed in reverse order of
+replacement, scaling); ``inspector``, the
+:class:`~clamor.runtime.cluster_inspection.ClusterInspector` (what it shows about
+itself, read from the other parts' public faces, and the views' publisher); and its resources, closed in reverse order of
 opening (``resources.py``).
 """
 
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Self
 
 from clamor.runtime import deadlines, joblib_backend
-from clamor.runtime.cluster_inspection import ClusterInspection
+from clamor.runtime.cluster_inspection import ClusterInspector
 from clamor.runtime.cluster_workers import SchedulerServicer, WorkerRegistry
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.data import checkpoint
@@ -51,6 +52,7 @@ from clamor.runtime.net.transport import (
 )
 from clamor.runtime.observe import snapshots
 from clamor.runtime.observe.observer import ObserverServicer
+from clamor.runtime.observe.telemetry import Telemetry
 from clamor.runtime.paging import memory
 from clamor.runtime.paging.pager import MAX_WORKERS, WORKER_LIMIT_REASON, DriverPager
 from clamor.runtime.paging.paging_api import DriverPaging
@@ -131,7 +133,7 @@ def _interrupts_held() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-class Cluster(ClusterInspection, DatasetSources):
+class Cluster(DatasetSources):
     """Worker processes and the scheduler that drives them.
 
     ``workers``: how many (default ``os.cpu_count()``); ``host``: the address the
@@ -256,7 +258,6 @@ class Cluster(ClusterInspection, DatasetSources):
             self.versions = VersionKeeper(self._paging, self.lineage)
             #: Its checkpoints being written, and the epoch of the last one done.
             self.checkpoints = checkpoint.CheckpointLog()
-            self._publisher: snapshots.Publisher | None = None
             self._throttle = Throttle()
             opened("the throttle", self._throttle.close)
             me = weakref.ref(self)  # the executor's thread must not keep the cluster alive
@@ -308,6 +309,12 @@ class Cluster(ClusterInspection, DatasetSources):
             )
             server = self._server
             opened("the scheduler's gRPC server", lambda: server.stop(grace=None))
+            #: What it shows about itself (stats, counters, snapshots for the views).
+            self.inspector = ClusterInspector(
+                self.registry, executor, self._paging, self.lineage, self.budgets,
+                address=self.address, page_size=self.page_size, bulk=self._bulk,
+            )  # fmt: skip
+            opened("the views' publisher", self.inspector.close)
             channels = self.registry.channels
             opened("the channels to the workers", lambda: [c.close() for c in list(channels)])
             launcher.bind(self.address, self._credentials, host=host, log_dir=log_dir)
@@ -479,12 +486,74 @@ class Cluster(ClusterInspection, DatasetSources):
     @property
     def workers(self) -> list[int]:
         """Ids of the live workers."""
-        self.registry.refresh()
-        return self.registry.live()
+        return self.inspector.workers
 
     @property
     def closed(self) -> bool:
         return self.registry.closed
+
+    # what it shows about itself: see ClusterInspector
+
+    def worker_stats(self) -> list[dict]:
+        """Per worker: its id, pid, host, liveness and its own counters (:meth:`ClusterInspector.worker_stats`)."""
+        return self.inspector.worker_stats()
+
+    def stats(self) -> dict:
+        """Paging, stage, task and worker counters (:meth:`ClusterInspector.stats`)."""
+        return self.inspector.stats()
+
+    def partitions(self) -> dict[PartitionKey, dict]:
+        """Where each kept partition lives (:meth:`ClusterInspector.partitions`)."""
+        return self.inspector.partitions()
+
+    def counters(self) -> dict[str, int]:
+        """Fault-tolerance counters, no worker called (:meth:`ClusterInspector.counters`)."""
+        return self.inspector.counters()
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """The attempts, stages and events the driver saw."""
+        return self.inspector.telemetry
+
+    @property
+    def publisher(self) -> snapshots.Publisher:
+        """Publishes snapshots to the views (started on first use)."""
+        return self.inspector.publisher
+
+    def snapshot(self) -> snapshots.ClusterSnapshot:
+        """Pages, tasks, events and lineage now, as the views draw them."""
+        return self.inspector.snapshot()
+
+    def summary(self) -> dict[str, Any]:
+        """What its HTML repr shows (:meth:`ClusterInspector.summary`)."""
+        return self.inspector.summary()
+
+    def _repr_html_(self) -> str:
+        return self.inspector._repr_html_()
+
+    def scheduler_snapshot(self) -> dict:
+        """The scheduler's state as plain data, no worker called."""
+        return self.inspector.scheduler_snapshot()
+
+    def page_stats(self, var: Any = None) -> dict:
+        """Per-page arrays for an arena array or the whole arena (:meth:`ClusterInspector.page_stats`)."""
+        return self.inspector.page_stats(var)
+
+    def worker_pid(self, worker_id: int) -> int:
+        return self.inspector.worker_pid(worker_id)
+
+    def worker_info(self, worker_id: int) -> dict:
+        """What the worker's pager announced (:meth:`ClusterInspector.worker_info`)."""
+        return self.inspector.worker_info(worker_id)
+
+    @property
+    def dashboard_path(self) -> str | None:
+        """Where the notebook server shows its dashboard (set by the kernel; the HTML repr links there)."""
+        return self.inspector.dashboard_path
+
+    @dashboard_path.setter
+    def dashboard_path(self, path: str | None) -> None:
+        self.inspector.dashboard_path = path
 
     def wait_for_workers(self, n: int | None = None, timeout: float | None = None) -> list[int]:
         """Wait until ``n`` workers are live (default: as many as the cluster should have)
@@ -544,8 +613,7 @@ class Cluster(ClusterInspection, DatasetSources):
                 return
             try:
                 self._futures.close()
-                if self._publisher is not None:
-                    self._publisher.close()
+                self.inspector.close()
                 self._throttle.close()
                 # On its task stream where it has one (a write each: no call, no reply to
                 # wait for), else by a call; then the launcher waits for them to exit.

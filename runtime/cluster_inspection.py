@@ -6,9 +6,11 @@ snapshots for the views. Read-only: nothing here changes the cluster.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from clamor.runtime.errors import ClamorError
 from clamor.runtime.net.calls import call_each
 from clamor.runtime.net.messages import worker_stats
 from clamor.runtime.net.proto import clamor_pb2 as pb
@@ -19,6 +21,7 @@ from clamor.runtime.stage import PartitionKey
 if TYPE_CHECKING:
     from clamor.runtime.cluster_workers import Worker, WorkerRegistry
     from clamor.runtime.data.lineage import LineageStore
+    from clamor.runtime.observe.telemetry import Telemetry
     from clamor.runtime.paging.memory import Budgets
     from clamor.runtime.paging.paging_api import DriverPaging
     from clamor.runtime.scheduling.executor import Executor
@@ -29,25 +32,67 @@ if TYPE_CHECKING:
 MEMORY_TOTALS = ("evictions", "spilled_to_peers", "spilled_to_disk", "partitions_on_disk")
 
 
-class ClusterInspection:
-    """What ``Cluster`` shows about itself. It holds no state of its own: it reads the
-    cluster's parts through their public faces (the worker registry, the executor, the
-    pager, the lineage store); the attributes below are those parts."""
+class ClusterInspector:
+    """What ``Cluster`` shows about itself, an owned part of it (``cluster.inspector``;
+    ``Cluster.stats()`` and friends delegate here). It reads the parts it is given
+    through their public faces and changes none of them; its own state is the views'
+    publisher, started on first use, and where the notebook shows its dashboard. It is
+    what that publisher observes (:class:`~clamor.runtime.observe.snapshots.Observed`)."""
 
-    registry: WorkerRegistry
-    lineage: LineageStore
-    _executor: Executor
-    _paging: DriverPaging
-    _publisher: snapshots.Publisher | None
-    _bulk: BulkServer | None
-    address: str
-    budgets: Budgets
-    page_size: int
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        executor: Executor,
+        paging: DriverPaging,
+        lineage: LineageStore,
+        budgets: Budgets,
+        *,
+        address: str,
+        page_size: int,
+        bulk: BulkServer | None,
+    ) -> None:
+        self.registry = registry
+        self.lineage = lineage
+        self.budgets = budgets
+        self.address = address
+        self.page_size = page_size
+        self._executor = executor
+        self._paging = paging
+        self._bulk = bulk
+        self._publisher: snapshots.Publisher | None = None
+        self._lock = threading.Lock()
+        #: Where the notebook server shows this cluster's dashboard (the kernel sets it):
+        #: the HTML repr links there.
+        self.dashboard_path: str | None = None
 
-    def _check_open(self) -> None: ...
+    def close(self) -> None:
+        """Stop the views' publisher, if one was started."""
+        with self._lock:
+            publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            publisher.close()
 
     @property
-    def workers(self) -> list[int]: ...
+    def closed(self) -> bool:
+        return self.registry.closed
+
+    @property
+    def paging(self) -> DriverPaging:
+        return self._paging
+
+    @property
+    def workers(self) -> list[int]:
+        """Ids of the live workers."""
+        self.registry.refresh()
+        return self.registry.live()
+
+    def holder(self, key: PartitionKey) -> int | None:
+        """The worker (or the driver) holding partition ``key``; ``None`` if nobody does."""
+        return self._executor.holder(key)
+
+    def _check_open(self) -> None:
+        if self.registry.closed:
+            raise ClamorError("the cluster is closed")
 
     def worker_stats(self) -> list[dict]:
         """Per worker (lost ones included): ``id``, ``pid``, ``host``, ``address``, ``alive``,
@@ -116,16 +161,17 @@ class ClusterInspection:
         return counters
 
     @property
-    def telemetry(self) -> Any:
+    def telemetry(self) -> Telemetry:
         """The attempts, stages and events the driver saw (runtime/observe/telemetry.py)."""
         return self._executor.telemetry
 
     @property
     def publisher(self) -> snapshots.Publisher:
         """Publishes :class:`~clamor.runtime.observe.snapshots.ClusterSnapshot` s to the views."""
-        if self._publisher is None:
-            self._publisher = snapshots.Publisher(self)
-        return self._publisher
+        with self._lock:
+            if self._publisher is None:
+                self._publisher = snapshots.Publisher(self)
+            return self._publisher
 
     def snapshot(self) -> snapshots.ClusterSnapshot:
         """A snapshot of pages, tasks, events and lineage now (what the views draw)."""
@@ -144,7 +190,7 @@ class ClusterInspection:
             live=len(live), lost=len(self.registry.all()) - len(live), replaced=self.registry.replaced,
             launcher=self.registry.launcher.name, memory_budget=sum(self.budgets.of(w).total for w in live),
             stages_run=self._executor.stages_run, tasks_run=self._executor.tasks_run,
-            dashboard_path=getattr(self, "dashboard_path", None),
+            dashboard_path=self.dashboard_path,
             **{k: paging.get(k, 0) for k in ("bytes_mapped", "bytes_served_by_driver", "bytes_served_by_peers")},
         )  # fmt: skip
         return out

@@ -224,6 +224,18 @@ class LineageStore:
         return dataclasses.asdict(self.counters)
 
 
+class LineageView(Protocol):
+    """What reading a runner's lineage needs: its store, its live workers, who holds a
+    partition (a runner, or the cluster's inspector, which the views read)."""
+
+    lineage: LineageStore
+
+    @property
+    def workers(self) -> list[int]: ...
+
+    def holder(self, key: PartitionKey) -> int | None: ...
+
+
 class LineageRunner(StageRunner, Protocol):
     """A stage runner with its lineage (``Cluster``, ``InlineRunner``)."""
 
@@ -233,7 +245,7 @@ class LineageRunner(StageRunner, Protocol):
 # --- recovery ------------------------------------------------------------------------------
 
 
-def holder_alive(runner: StageRunner, key: PartitionKey, live: Iterable[int]) -> int | None:
+def holder_alive(runner: LineageView, key: PartitionKey, live: Iterable[int]) -> int | None:
     """The holder of ``key`` if it is the driver or one of the ``live`` workers, else ``None``
     (a runner may still name a worker whose loss it has not processed yet)."""
     holder = runner.holder(key)

@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from clamor.runtime.data.lineage import (
-    LineageRunner,
     LineageStore,
+    LineageView,
     Record,
     holder_alive,
 )
-from clamor.runtime.stage import PartitionKey, StageRunner
+from clamor.runtime.stage import PartitionKey
 
 logger = logging.getLogger("clamor.lineage")
 
@@ -149,7 +149,7 @@ def ancestry(root: Any) -> list[Any]:
     return order
 
 
-def build_graph(root: Any, runner: LineageRunner) -> LineageGraph:
+def build_graph(root: Any, runner: LineageView) -> LineageGraph:
     """The :class:`LineageGraph` of plan node ``root`` (the partitions of its persisted
     nodes are ``("ds", id, i)``)."""
     store = runner.lineage
@@ -171,7 +171,7 @@ def build_graph(root: Any, runner: LineageRunner) -> LineageGraph:
     return LineageGraph(nodes, edges)
 
 
-def live_graph(runner: LineageRunner) -> LineageGraph:
+def live_graph(runner: LineageView) -> LineageGraph:
     """The graph of every live dataset partition ``runner`` made (all persisted datasets:
     what the dashboard draws), and of the datasets of its last actions: while one runs
     its partitions not kept are ``"computing"``; once it ended, an action on a dataset
@@ -196,8 +196,8 @@ def live_graph(runner: LineageRunner) -> LineageGraph:
     return LineageGraph(nodes, edges)
 
 
-def _with_action(nodes: list[LineageNode], edges: list, graph: Callable[[StageRunner], LineageGraph],
-                 runner: StageRunner, running: bool) -> tuple[list[LineageNode], list]:  # fmt: skip
+def _with_action(nodes: list[LineageNode], edges: list, graph: Callable[[LineageView], LineageGraph],
+                 runner: LineageView, running: bool) -> tuple[list[LineageNode], list]:  # fmt: skip
     """``nodes`` and ``edges`` with those of an action's dataset graph added (its
     partitions not kept are computing while it runs); as they were if it is too large
     or ended on a persisted dataset (its records show it)."""
@@ -214,7 +214,7 @@ def _with_action(nodes: list[LineageNode], edges: list, graph: Callable[[StageRu
     return nodes + added, list(dict.fromkeys(edges + action.edges))
 
 
-def _kept_node(rec: Record, dataset: int, name: str, index: int, runner: StageRunner,
+def _kept_node(rec: Record, dataset: int, name: str, index: int, runner: LineageView,
                live: set[int]) -> LineageNode:  # fmt: skip
     """The node of a persisted partition with a record: held, lost or recomputed."""
     holder = holder_alive(runner, rec.key, live)

@@ -28,7 +28,7 @@ def _table(rows: list[tuple[str, str]]) -> str:
 
 
 def cluster_html(summary: dict[str, Any]) -> str:
-    """A cluster's summary (:meth:`~clamor.runtime.cluster_inspection.ClusterInspection.summary`):
+    """A cluster's summary (:meth:`~clamor.runtime.cluster_inspection.ClusterInspector.summary`):
     address, workers (live, lost, replaced), their memory budgets, stages and tasks run,
     pages read in place or served, and the dashboard link."""
     title = f"<b>Clamor cluster</b> <code>{html.escape(summary['address'])}</code>"

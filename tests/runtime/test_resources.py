@@ -29,7 +29,7 @@ def test_a_cluster_stops_its_workers_first_and_its_pager_after_every_reader_of_i
         names = cluster._resources.names()
         assert names[0] == "the workers"
         order = {name: i for i, name in enumerate(names)}
-        for reader in ("the executor", "the task-stream server", "the scheduler's gRPC server"):
+        for reader in ("the executor", "the task-stream server", "the scheduler's gRPC server", "the views' publisher"):
             assert order[reader] < order["the pager"], names
         assert order["the task-stream server"] < order["the executor"]  # its end wakes the threads
         assert names[-1] == "the launcher"
