@@ -87,6 +87,7 @@ class _Template:
         )  # fmt: skip
         theirs.close()
         self.sock: socket.socket | None = ours
+        self.reader: threading.Thread | None = None  # ForkServer._read, while it runs
         self.waiting: dict[int, ForkedWorker] = {}  # request id -> not forked yet
         self.running: dict[int, ForkedWorker] = {}  # pid -> forked, not exited
 
@@ -134,7 +135,8 @@ class ForkServer:
         template = self._template
         if template is None or template.sock is None or template.proc.poll() is not None:
             template = self._template = _Template(self.env)
-            threading.Thread(target=self._read, args=(template,), name="clamor-template", daemon=True).start()
+            template.reader = threading.Thread(target=self._read, args=(template,), name="clamor-template", daemon=True)
+            template.reader.start()
         return template
 
     def _read(self, template: _Template) -> None:
@@ -192,3 +194,5 @@ class ForkServer:
             except subprocess.TimeoutExpired:
                 template.proc.kill()
                 template.proc.wait()
+            if template.reader is not None and template.reader is not threading.current_thread():
+                template.reader.join(5)  # it ends with the socket: a closed launcher leaves no thread
