@@ -50,7 +50,7 @@ from clamor.runtime.net.transport import (
     create_server,
     format_address,
 )
-from clamor.runtime.observe import snapshots
+from clamor.runtime.observe import cluster_registry, snapshots
 from clamor.runtime.observe.observer import ObserverServicer
 from clamor.runtime.observe.telemetry import Telemetry
 from clamor.runtime.paging import memory
@@ -563,7 +563,9 @@ class Cluster(DatasetSources):
     def scale(self, n: int, timeout: float | None = None) -> list[int]:
         """Grow or shrink to ``n`` live workers while the cluster runs; the live workers
         (:meth:`WorkerRegistry.scale <clamor.runtime.cluster_workers.WorkerRegistry.scale>`)."""
-        return self.registry.scale(n, timeout)
+        live = self.registry.scale(n, timeout)
+        cluster_registry.update(self)  # the notebook server's cluster list shows the new size
+        return live
 
     @property
     def paging(self) -> DriverPaging:

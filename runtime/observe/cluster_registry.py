@@ -119,6 +119,22 @@ def publish(cluster: Registered, kernel: str, directory: str | os.PathLike | Non
     return path
 
 
+def update(cluster: Registered) -> None:
+    """Rewrite ``cluster``'s entry, if this process published one, with its worker count
+    now (after ``Cluster.scale``): the server's cluster list reads the count there."""
+    with _lock:
+        entry = _published.get(id(cluster))
+    if entry is None or entry[0]() is not cluster:
+        return
+    path = entry[1]
+    try:
+        body = json.loads(path.read_text())
+        body["workers"] = len(cluster.workers)
+        _write_private(path, json.dumps(body))
+    except (OSError, ValueError) as exc:
+        logger.warning("cannot update the cluster's entry for the server's dashboards (%s): %s", path, exc)
+
+
 def published() -> list[Any]:
     """The clusters this process has registered that still exist."""
     with _lock:

@@ -52,6 +52,20 @@ def test_publish_writes_a_private_entry_that_reads_back(cluster: Cluster, folder
     assert registry.read_entries([folder]) == {}
 
 
+def test_the_entry_follows_a_scale_of_the_cluster(folder: Path) -> None:
+    with Cluster(1, paging=NullDriverPaging(), timeout=30) as cluster:
+        registry.publish(cluster, "k-6", folder)
+        try:
+            cluster.scale(2)
+            [entry] = registry.read_entries([folder]).values()
+            assert entry.workers == 2
+            cluster.scale(1)
+            [entry] = registry.read_entries([folder]).values()
+            assert entry.workers == 1
+        finally:
+            registry.withdraw(cluster)
+
+
 def test_unsafe_or_stale_entries_are_not_trusted(cluster: Cluster, folder: Path) -> None:
     path = registry.publish(cluster, "k-2", folder)
     try:
