@@ -413,7 +413,7 @@ class WorkerRegistry:
     def scale(self, n: int, timeout: float | None = None) -> list[int]:
         """Grow or shrink to ``n`` live workers while the cluster runs; the live workers.
 
-        Growing starts the missing workers under new ids (local ones forked from the
+        Growing starts the missing workers (a replacement already starting counts) under new ids (local ones forked from the
         template) and returns once they are ready (``timeout``: default the cluster's start
         timeout); a running stage uses them as they come. Shrinking retires the newest
         workers: each is counted out as a lost worker would be (its running tasks run
@@ -427,7 +427,7 @@ class WorkerRegistry:
             if self.closed:
                 raise ClamorError("the cluster is closed")
             live = self._live_ids()
-            grow = max(0, n - len(live))
+            grow = max(0, n - len(live) - self._starting)  # replacements starting count as live
             if self._next_id + grow > MAX_WORKERS:
                 raise ValueError(f"cannot grow to {n:,} workers: {WORKER_LIMIT_REASON}")
             self._size = n

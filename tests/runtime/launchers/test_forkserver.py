@@ -133,3 +133,10 @@ def test_close_tells_each_worker_on_its_task_stream_and_each_exits_on_its_own(fo
     assert {w: s["sent_messages"] - sent[w] for w, s in cluster._executor.stream_counters().items()} == {0: 1, 1: 1, 2: 1}
     assert [launcher.exitcode(w) for w in range(3)] == [0, 0, 0]  # not killed
     assert gone(pids)
+
+
+def test_scale_counts_a_replacement_already_starting():
+    with Cluster(2, timeout=60) as cluster:
+        cluster.kill_worker(0)  # its replacement, worker 2, is starting
+        cluster.scale(2)
+        assert cluster.wait_for_workers(3, timeout=60) == [1, 2]  # no worker 3 besides it
