@@ -12,6 +12,13 @@ deletes as soon as it has read it: it never appears on a command line nor in a f
 others can read. The worker's output comes back through ssh into ``worker-<id>.log``
 in the cluster's ``log_dir`` (default: the driver's stderr).
 
+With ``fork=True`` each host instead runs one ssh client and, at its end, one template
+process (runtime/worker/template.py, ``--stdio``) that has imported everything and forks
+the host's workers on request, as the local launcher's template does: a host starting
+many workers pays one Python start-up. The secret then travels once per host, on the
+template's stdin, and each worker gets it through a pipe; the workers' output comes
+back, mixed, into ``ssh-<host>.log``; a kill goes through the template.
+
 Liveness: a cut link leaves ssh hanging, so the cluster relies on heartbeats
 (:meth:`SSHLauncher.observes` is ``False``); the ssh client's exit status (the
 remote one, forwarded; 255 when ssh itself failed) explains a worker's end. Remote
@@ -39,6 +46,7 @@ from typing import IO
 
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.launchers.base import Launcher, worker_command
+from clamor.runtime.launchers.forkserver import ForkedWorker, ForkServer, PipeChannel
 
 #: ``-o`` options given to every ssh call after the caller's (the first value of an
 #: option wins in ssh, so ``ssh_options`` override these). ``ServerAlive*`` makes a
@@ -73,9 +81,10 @@ def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | No
 class _Client:
     """One ssh client process and the thread copying its output to the log."""
 
-    def __init__(self, host: str, proc: subprocess.Popen, out: IO[bytes] | None) -> None:
+    def __init__(self, host: str, proc: subprocess.Popen, out: IO[bytes] | None, stream: IO[bytes] | None = None) -> None:
         self.host = host
         self.proc = proc
+        self._stream = stream if stream is not None else proc.stdout  # what it copies
         self.remote_pid: int | None = None
         self.killed = False  # the remote process was SIGKILLed by kill()
         self.tail: collections.deque[bytes] = collections.deque()
@@ -85,7 +94,7 @@ class _Client:
         self.reader.start()
 
     def _copy(self) -> None:
-        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        fd = self._stream.fileno()  # type: ignore[union-attr]
         while True:
             try:
                 data = os.read(fd, 65536)
@@ -113,8 +122,16 @@ class _Client:
         return " | ".join(kept)[-600:]
 
 
-def _reap(clients: dict[int, _Client], logs: list[IO], grace: float = 2.0) -> None:
-    """End every ssh client still running (SIGTERM, then SIGKILL) and close the logs."""
+def _reap(clients: dict[int, _Client], logs: list[IO], forks: dict[str, ForkServer] | None = None,
+          relays: dict[str, _Client] | None = None, grace: float = 2.0) -> None:  # fmt: skip
+    """Stop the hosts' templates, end every ssh client still running (SIGTERM, then
+    SIGKILL) and close the logs."""
+    for server in (forks or {}).values():
+        server.close()
+    for relay in (relays or {}).values():
+        relay.reader.join(2.0)
+        if relay.proc.stderr is not None:
+            relay.proc.stderr.close()
     running = [c.proc for c in clients.values() if c.proc.poll() is None]
     for proc in running:
         try:
@@ -153,6 +170,8 @@ class SSHLauncher(Launcher):
     (visible on the remote command line: no secrets). ``ssh``: the client to run.
     ``BatchMode=yes`` always: ssh never prompts. Workers on a host given as an IP
     address serve on that address; otherwise on the host's address facing the driver.
+    ``fork``: one ssh client and one template process per host, which forks its workers
+    (see the module's docstring).
     """
 
     name = "ssh"
@@ -170,6 +189,7 @@ class SSHLauncher(Launcher):
         strict_host_key_checking: bool | str | None = None,
         env: Mapping[str, str] | None = None,
         ssh: str = "ssh",
+        fork: bool = False,
     ) -> None:
         super().__init__()
         if isinstance(hosts, str):
@@ -200,10 +220,14 @@ class SSHLauncher(Launcher):
             self._base += ["-o", f"StrictHostKeyChecking={value}"]
         for option in [*ssh_options, *DEFAULT_SSH_OPTIONS]:
             self._base += [option] if option.startswith("-") else ["-o", option]
+        self.fork = fork
         self._spawned = 0
         self._clients: dict[int, _Client] = {}
         self._logs: list[IO] = []
-        self._finalizer = weakref.finalize(self, _reap, self._clients, self._logs)
+        self._forks: dict[str, ForkServer] = {}  # host -> its template (fork=True)
+        self._relays: dict[str, _Client] = {}  # host -> its template's ssh client, stderr copied
+        self._forked: dict[int, tuple[str, ForkedWorker]] = {}
+        self._finalizer = weakref.finalize(self, _reap, self._clients, self._logs, self._forks, self._relays)
 
     # --- commands ---
 
@@ -234,6 +258,53 @@ class SSHLauncher(Launcher):
             'rc=$?; rm -f "$f"; exit $rc',
         ])  # fmt: skip
 
+    def template_script(self, host: str) -> str:
+        """The ``sh`` script that runs the host's worker template on its stdin and stdout."""
+        python = shlex.quote(self.python)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return "\n".join([
+            f"if ! command -v {python} >/dev/null 2>&1; then",
+            f'  echo "clamor: cannot run {python} on $(uname -n)" >&2; exit {_NO_PYTHON}',
+            "fi",
+            "exec " + (f"env {env} " if env else "") + f"{python} -m clamor.runtime.worker.template --stdio",
+        ])  # fmt: skip
+
+    def _template(self, host: str) -> ForkServer:
+        """``host``'s template (started on first use: one ssh client for all its workers)."""
+        if (server := self._forks.get(host)) is not None:
+            return server
+        assert self.credentials is not None, "bind() first"
+
+        def start() -> tuple[subprocess.Popen, PipeChannel]:
+            out = self._open_log(f"ssh-{_bare_host(host)}.log")
+            proc = subprocess.Popen(
+                self.ssh_command(host, "sh -c " + shlex.quote(self.template_script(host))),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True,  # notebook interrupts (SIGINT to the group) spare it
+            )  # fmt: skip
+            self._relays[host] = _Client(host, proc, out, stream=proc.stderr)
+            return proc, PipeChannel(proc.stdin, proc.stdout)  # type: ignore[arg-type]
+
+        def ended(proc: subprocess.Popen) -> str:
+            relay = self._relays[host]
+            relay.reader.join(1.0)  # ssh has exited: what it said may still be in the pipe
+            tail = relay.output_tail() or "no output"
+            if proc.returncode == SSH_FAILED:
+                return f"ssh failed ({tail})"
+            return f"its template exited with status {proc.returncode} ({tail})"
+
+        server = self._forks[host] = ForkServer(
+            start=start, greeting={"credentials": self.credentials.serialize()}, ended=ended
+        )
+        return server
+
+    def _open_log(self, name: str) -> IO[bytes] | None:
+        if self.log_dir is None:
+            return None
+        out = open(os.path.join(self.log_dir, name), "ab")  # noqa: SIM115 - closed with the launcher
+        self._logs.append(out)
+        return out
+
     def _check_reachable(self, host: str) -> None:
         """A driver on a loopback address cannot be reached from another machine."""
         ip = _ip_literal(host)
@@ -250,16 +321,20 @@ class SSHLauncher(Launcher):
         """Start ``ssh HOST sh -c ...`` for ``worker_id`` on the next host (round-robin)."""
         if not self._finalizer.alive:
             raise RuntimeError("launcher is closed")
-        if worker_id in self._clients:
+        if worker_id in self._clients or worker_id in self._forked:
             raise ValueError(f"worker {worker_id} was already started")
         assert self.credentials is not None, "bind() first"
         host = self.hosts[self._spawned % len(self.hosts)]
         self._check_reachable(host)
         self._spawned += 1
-        out = None
-        if self.log_dir is not None:
-            out = open(os.path.join(self.log_dir, f"worker-{worker_id}.log"), "ab")  # noqa: SIM115
-            self._logs.append(out)
+        if self.fork:
+            bind = _bare_host(host) if _ip_literal(host) is not None else None
+            # clamor-worker's arguments; the template adds --token-file (a pipe of its own)
+            argv = ["--connect", self.connect, *(["--host", bind] if bind else []),
+                    "--launch-key", self.new_launch_key(worker_id)]  # fmt: skip
+            self._template(host).spawn([(argv, None)], lambda forked: self._forked.update({worker_id: (host, forked[0])}))
+            return
+        out = self._open_log(f"worker-{worker_id}.log")
         script = self.remote_script(host, self.new_launch_key(worker_id))
         proc = subprocess.Popen(
             self.ssh_command(host, "sh -c " + shlex.quote(script)),
@@ -284,15 +359,20 @@ class SSHLauncher(Launcher):
 
     @property
     def worker_ids(self) -> list[int]:
-        return sorted(self._clients)
+        return sorted([*self._clients, *self._forked])
 
     def host_of(self, worker_id: int) -> str:
         """The ssh host (as given) that ``worker_id`` was started on."""
+        if worker_id in self._forked:
+            return self._forked[worker_id][0]
         return self._clients[worker_id].host
 
     def exitcode(self, worker_id: int) -> int | None:
         """``None`` while the ssh client runs; then the worker's exit status as ssh
-        forwarded it (``-signal`` if it was killed), or 255 if ssh itself failed."""
+        forwarded it (``-signal`` if it was killed), or 255 if ssh itself failed. A forked
+        worker's: as its template reported it (its template's, if it was never forked)."""
+        if worker_id in self._forked:
+            return self._forked[worker_id][1].poll()
         client = self._clients.get(worker_id)
         code = None if client is None else client.proc.poll()
         if code is None or client is None:
@@ -306,15 +386,21 @@ class SSHLauncher(Launcher):
     def wait(self, worker_id: int, timeout: float | None = None) -> int | None:
         """Wait up to ``timeout`` seconds for the ssh client to exit; :meth:`exitcode`."""
         client = self._clients.get(worker_id)
-        if client is not None:
+        proc = client.proc if client is not None else self._forked[worker_id][1] if worker_id in self._forked else None
+        if proc is not None:
             try:
-                client.proc.wait(timeout)
+                proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 return None
         return self.exitcode(worker_id)
 
     def describe(self, worker_id: int) -> str:
         """``ssh HOST (pid N)``; once ssh failed, with the end of its output."""
+        if worker_id in self._forked:
+            host, forked = self._forked[worker_id]
+            if forked.error is not None:
+                return f"ssh {host} ({forked.error})"
+            return f"ssh {host} (pid {forked.pid})"
         client = self._clients.get(worker_id)
         if client is None:
             return super().describe(worker_id)
@@ -341,7 +427,12 @@ class SSHLauncher(Launcher):
 
     def kill(self, worker_id: int, pid: int | None = None, timeout: float = 10.0) -> int | None:
         """SIGKILL the worker (``ssh HOST kill -9 PID``, at most ``timeout`` s), end its
-        ssh client; the exit code (``-9`` if the remote kill succeeded)."""
+        ssh client; the exit code (``-9`` if the remote kill succeeded). A forked worker is
+        killed by its template."""
+        if worker_id in self._forked:
+            forked = self._forked[worker_id][1]
+            forked.kill()
+            return self.wait(worker_id, timeout)
         client = self._clients[worker_id]
         pid = pid if pid is not None else client.remote_pid
         deadline = time.monotonic() + timeout
@@ -370,12 +461,12 @@ class SSHLauncher(Launcher):
         if not self._finalizer.alive:
             return
         deadline = time.monotonic() + timeout
-        for client in self._clients.values():
+        for proc in [c.proc for c in self._clients.values()] + [f for _, f in self._forked.values()]:
             try:
-                client.proc.wait(max(0.0, deadline - time.monotonic()))
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 break
         self._finalizer()
 
     def __repr__(self) -> str:
-        return f"<SSHLauncher {', '.join(self.hosts)}: {len(self._clients)} workers>"
+        return f"<SSHLauncher {', '.join(self.hosts)}: {len(self._clients) + len(self._forked)} workers>"

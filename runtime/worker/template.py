@@ -12,10 +12,17 @@ copy and runs ``clamor-worker``'s own ``main``.
 The protocol is JSON lines on the socket. The driver sends
 ``{"spawn": [{"id": N, "argv": [...], "log": PATH or null}, ...]}``; the template forks
 each in turn and answers ``{"forked": N, "pid": P}`` (or ``{"failed": N, "error": ...}``),
-and ``{"exited": P, "status": S}`` when a child ends (``-signal`` if it was killed). When
-the driver's end closes (the driver closed its launcher, or died), the template kills the
-children left and exits. It dies with the driver (``PR_SET_PDEATHSIG``, or its own check of
-its parent every second); its children die with it (``PR_SET_PDEATHSIG``).
+and ``{"exited": P, "status": S}`` when a child ends (``-signal`` if it was killed);
+``{"kill": P}`` SIGKILLs child ``P``. When the driver's end closes (the driver closed its
+launcher, or died), the template kills the children left and exits. It dies with the
+driver (``PR_SET_PDEATHSIG``, or its own check of its parent every second); its children
+die with it (``PR_SET_PDEATHSIG``).
+
+On another host (``python -m clamor.runtime.worker.template --stdio``, started by the ssh
+launcher) the channel is the template's stdin and stdout, and the workers' output goes
+to its stderr. The driver's first message there is ``{"credentials": TEXT}``: the
+template keeps them in memory and hands each child its own copy through a pipe (it adds
+``--token-file /dev/fd/N`` to the child's arguments), so no file holds them.
 """
 
 from __future__ import annotations
@@ -26,7 +33,6 @@ import json
 import os
 import selectors
 import signal
-import socket
 import sys
 from typing import Any, NoReturn
 
@@ -65,16 +71,28 @@ def _die_with_parent(parent: int) -> None:
         os._exit(70)
 
 
-def _child(sock: socket.socket, template: int, argv: list[str], log: str | None) -> None:
+def _child(channel: tuple[int, int], template: int, argv: list[str], log: str | None,
+           credentials: bytes | None) -> None:  # fmt: skip
     """In a forked child: become a fresh worker process and run ``clamor-worker``."""
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh process
-        sock.close()
+        for fd in set(channel):
+            os.close(fd)
+        if channel == (0, 1):  # stdio: stdin from nowhere, stdout where stderr goes
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            os.dup2(2, 1)
         os.setsid()  # notebook interrupts (SIGINT to the driver's group) spare it
         _die_with_parent(template)
         _name(b"clamor-worker")
+        if credentials is not None:
+            r, w = os.pipe()
+            os.write(w, credentials)  # a few KiB: the pipe holds them
+            os.close(w)
+            argv = [*argv, "--token-file", f"/dev/fd/{r}"]
         if log is not None:
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(fd, 1)
@@ -104,8 +122,9 @@ def _child(sock: socket.socket, template: int, argv: list[str], log: str | None)
 class Template:
     """The template's loop: requests from the driver, exits of its children."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self, rfd: int, wfd: int) -> None:
+        self.rfd, self.wfd = rfd, wfd
+        self.credentials: bytes | None = None  # stdio mode: the driver's first message
         self.children: set[int] = set()
         self.pending = b""
         self.wake_r, self.wake_w = os.pipe()
@@ -114,7 +133,9 @@ class Template:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the loop through the pipe
 
     def send(self, message: dict[str, Any]) -> None:
-        self.sock.sendall(json.dumps(message).encode() + b"\n")
+        data = memoryview(json.dumps(message).encode() + b"\n")
+        while data:
+            data = data[os.write(self.wfd, data):]
 
     def spawn(self, request: dict[str, Any]) -> None:
         try:
@@ -123,7 +144,7 @@ class Template:
             self.send({"failed": request["id"], "error": f"fork: {exc}"})
             return
         if pid == 0:
-            _child(self.sock, os.getppid(), request["argv"], request.get("log"))
+            _child((self.rfd, self.wfd), os.getppid(), request["argv"], request.get("log"), self.credentials)
         self.children.add(pid)
         self.send({"forked": request["id"], "pid": pid})
 
@@ -140,24 +161,31 @@ class Template:
 
     def read(self) -> bool:
         """Serve what the driver sent; False once it closed its end."""
-        data = self.sock.recv(1 << 16)
+        data = os.read(self.rfd, 1 << 16)
         if not data:
             return False
         self.pending += data
         *lines, self.pending = self.pending.split(b"\n")
         for line in lines:
-            for request in json.loads(line).get("spawn", []):
+            message = json.loads(line)
+            if "credentials" in message:
+                self.credentials = message["credentials"].encode()
+            if message.get("kill") in self.children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(message["kill"], signal.SIGKILL)
+            for request in message.get("spawn", []):
                 self.spawn(request)
         return True
 
-    def run(self, parent: int) -> None:
-        """Serve until the driver closes its end or is gone (checked every second: its
-        ``PR_SET_PDEATHSIG`` is asked for only from its main thread)."""
+    def run(self, parent: int | None) -> None:
+        """Serve until the driver closes its end or is gone (``parent``: checked every
+        second, since its ``PR_SET_PDEATHSIG`` is asked for only from its main thread;
+        ``None``: on another host, where the end of stdin says it)."""
         selector = selectors.DefaultSelector()
-        selector.register(self.sock, selectors.EVENT_READ, "driver")
+        selector.register(self.rfd, selectors.EVENT_READ, "driver")
         selector.register(self.wake_r, selectors.EVENT_READ, "signal")
         try:
-            while os.getppid() == parent:
+            while parent is None or os.getppid() == parent:
                 for key, _ in selector.select(timeout=1.0):
                     if key.data == "signal":
                         with contextlib.suppress(BlockingIOError):
@@ -176,15 +204,21 @@ class Template:
 def main(argv: list[str] | None = None) -> NoReturn:
     """``python -m clamor.runtime.worker.template FD DRIVER_PID KILL_WITH_DRIVER``: serve
     on socket ``FD``; ``KILL_WITH_DRIVER`` 1: ask for ``PR_SET_PDEATHSIG`` (it fires when the
-    *thread* that started us exits, so the driver asks for it from its main thread only)."""
-    fd, parent, kill_with_parent = (int(a) for a in (argv if argv is not None else sys.argv[1:]))
-    if kill_with_parent:
-        _die_with_parent(parent)
+    *thread* that started us exits, so the driver asks for it from its main thread only).
+    ``... --stdio``: serve on stdin and stdout (on another host, through ssh)."""
+    args = argv if argv is not None else sys.argv[1:]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when workers go
-    _name(b"clamor-template")
-    preload()
-    sock = socket.socket(fileno=fd)
-    Template(sock).run(parent)
+    if args == ["--stdio"]:
+        _name(b"clamor-template")
+        preload()
+        Template(0, 1).run(None)
+    else:
+        fd, parent, kill_with_parent = (int(a) for a in args)
+        if kill_with_parent:
+            _die_with_parent(parent)
+        _name(b"clamor-template")
+        preload()
+        Template(fd, fd).run(parent)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no interpreter shutdown (tens of ms with grpc and numpy loaded): the driver's close waits for it

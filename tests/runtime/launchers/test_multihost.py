@@ -52,10 +52,11 @@ def token_files() -> list[str]:
     return glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"), "clamor-ssh-token.*"))
 
 
-def test_ssh_that_cannot_connect_fails_start_up_with_its_message(net):
+@pytest.mark.parametrize("fork", [False, True])
+def test_ssh_that_cannot_connect_fails_start_up_with_its_message(net, fork):
     with pytest.raises(ClamorError) as info:
         clamor.Cluster(
-            2, host=net.driver_address, launcher=launcher(net, port=2222),
+            2, host=net.driver_address, launcher=launcher(net, port=2222, fork=fork),
             paging=NullDriverPaging(), timeout=30,
         )  # fmt: skip
     message = str(info.value)
@@ -64,10 +65,11 @@ def test_ssh_that_cannot_connect_fails_start_up_with_its_message(net):
     assert "Connection refused" in message  # ssh's own words
 
 
-def test_a_missing_python_on_the_host_is_named(net):
+@pytest.mark.parametrize("fork", [False, True])
+def test_a_missing_python_on_the_host_is_named(net, fork):
     with pytest.raises(ClamorError) as info:
         clamor.Cluster(
-            2, host=net.driver_address, launcher=launcher(net, python="/nonexistent/python3"),
+            2, host=net.driver_address, launcher=launcher(net, python="/nonexistent/python3", fork=fork),
             paging=NullDriverPaging(), timeout=30,
         )  # fmt: skip
     assert "cannot run /nonexistent/python3 on" in str(info.value)
@@ -129,6 +131,32 @@ def test_demand_paging_over_tcp_across_two_hosts(net, tmp_path):
         assert blocks.map(lambda b: int(b.sum())).sum() == int((data * 3 + 1).sum())
     assert all(ssh.exitcode(w) == 0 for w in hosts if w != victim)  # clean shutdowns
     assert (tmp_path / f"worker-{victim}.log").exists()
+
+
+def test_forked_workers_come_from_one_template_per_host(net, tmp_path):
+    ssh = launcher(net, fork=True)
+    with clamor.Cluster(4, host=net.driver_address, launcher=ssh, log_dir=str(tmp_path)) as cluster:
+        hosts = {w["id"]: w["host"] for w in cluster.worker_stats()}
+        assert sorted(hosts.values()) == sorted([h.address for h in net.hosts] * 2)
+        assert sorted(ssh._relays) == sorted(h.address for h in net.hosts)  # one ssh client a host
+        for w, host in hosts.items():
+            assert ssh.describe(w) == f"ssh {host} (pid {cluster.worker_pid(w)})"
+        token = cluster._credentials.token  # on the templates' stdin only, never in a file
+        assert all(token not in " ".join(r.proc.args) for r in ssh._relays.values())
+        assert token_files() == []
+
+        data = _data()
+        blocks = cluster.range(PARTS, partitions=PARTS).map(lambda i: data[slice(*_bounds(i))] * 3 + 1).persist()
+        assert blocks.map(lambda b: int(b.sum())).sum() == int((data * 3 + 1).sum())
+
+        victim = next(w for w in hosts if hosts[w] == net.hosts[0].address)
+        cluster.kill_worker(victim)  # through its template
+        assert ssh.exitcode(victim) == -9 and victim not in cluster.workers
+        assert blocks.map(lambda b: int(b.sum())).sum() == int((data * 3 + 1).sum())
+        assert len(cluster.wait_for_workers(4, timeout=60)) == 4  # its replacement, forked too
+        assert len(ssh._relays) == 2
+    assert all(ssh.exitcode(w) == 0 for w in hosts if w != victim)  # clean shutdowns
+    assert (tmp_path / f"ssh-{net.hosts[0].address}.log").exists()
 
 
 def _within(seconds: float, job, cluster):
