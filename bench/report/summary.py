@@ -155,7 +155,38 @@ def section(result: dict) -> list[str]:
                           for k, v in params.items()
                           if k not in ("command", "versions") and not (isinstance(v, list) and len(v) > 12))
         lines += ["", f"Parameters: {shown}."]
-    return lines + case_tables(result) + _goals_and_plots(result, "Goals:")
+    return lines + case_tables(result) + measures_table(result) + _goals_and_plots(result, "Goals:")
+
+
+#: Per workload, the other medians its rows carry (key, heading, unit: "s", "B" or ""),
+#: shown in one more table (the case tables show a row's ``seconds`` alone).
+MEASURES = {
+    "many_workers": [("start_s", "start", "s"), ("first_stage_s", "first stage", "s"), ("stage_s", "stage", "s"),
+                     ("read_stage_s", "read stage", "s"), ("close_s", "close", "s"),
+                     ("driver_fds_per_worker", "driver fds / worker", ""),
+                     ("driver_threads_per_worker", "driver threads / worker", ""),
+                     ("driver_rss_per_worker", "driver RSS / worker", "B"),
+                     ("driver_idle_cpu_per_worker", "idle driver CPU / worker (s/s)", "")],
+}  # fmt: skip
+
+
+def measures_table(result: dict) -> list[str]:
+    """The medians named in :data:`MEASURES` for the workload, a row per system and case."""
+    measures = MEASURES.get(result["workload"].split("-")[0])
+    if not measures:
+        return []
+    shown = [m for m in measures if any(m[0] in r for r in result["rows"])]
+    lines = ["", "### Every measure (medians)", "",
+             "| system | case | " + " | ".join(h for _, h, _ in shown) + " |",
+             "|---|---|" + "---:|" * len(shown)]
+    for r in result["rows"]:
+        cells = []
+        for key, _, unit in shown:
+            v = r.get(key)
+            cells.append("—" if v is None else human_seconds(v) if unit == "s" else human_bytes(v) if unit == "B"
+                         else f"{v:.3g}")  # fmt: skip
+        lines.append(f"| {r['system']} | {r['case']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def case_tables(result: dict) -> list[str]:

@@ -19,7 +19,8 @@ arena value, then ``close()``. For each N, in this order, each system ``R`` time
 
 Recorded per row (medians over the repetitions): ``start_s``, ``first_stage_s``,
 ``stage_s``, ``read_stage_s``, ``close_s``, and, right after the start, the driver's
-file descriptors, threads and RSS per worker. Every stage's result is checked, every
+file descriptors, threads and RSS per worker, and the CPU time the driver spends on an
+idle cluster (heartbeats) over :data:`IDLE_S` seconds, per worker and second. Every stage's result is checked, every
 worker must be alive before close and no child process may be left after it. The
 issue's goals are computed from the run for the machine it ran on (16 cores: 512 ready
 in 5 s, 1,000 in 10 s, the first stage on 512 in 0.3 s, close of 512 in 0.5 s; 2 cores:
@@ -42,6 +43,8 @@ from harness import progress
 from harness.results import goal, row, save
 
 DEFAULTS, QUICK = "64,256,512,1000", "16,64,128"
+#: Seconds of an idle cluster over which the driver's CPU time is measured.
+IDLE_S = 2.0
 SYSTEMS = {"forked": "clamor (forked)", "one-by-one": "clamor (one start-up each)", "limit": "limit: fork N processes",
            "kill": "limit: SIGKILL the workers"}  # fmt: skip
 
@@ -82,6 +85,9 @@ def clamor_once(n: int, fork: bool, kill: bool = False) -> dict[str, float]:
         out["driver_fds_per_worker"] = len(os.listdir("/proc/self/fd")) / n
         out["driver_threads_per_worker"] = me.num_threads() / n
         out["driver_rss_per_worker"] = (me.memory_info().rss - rss0) / n
+        cpu0, t = sum(me.cpu_times()[:2]), time.perf_counter()
+        time.sleep(IDLE_S)  # nothing runs: the driver only hears heartbeats (one a second a worker)
+        out["driver_idle_cpu_per_worker"] = (sum(me.cpu_times()[:2]) - cpu0) / (time.perf_counter() - t) / n
         tiny = [(None, abs, (-i,)) for i in range(2 * n)]
         for name in ("first_stage_s", "stage_s"):
             t = time.perf_counter()
