@@ -619,7 +619,7 @@ class Cluster(DatasetSources):
                 self._throttle.close()
                 # On its task stream where it has one (a write each: no call, no reply to
                 # wait for), else by a call; then the launcher waits for them to exit.
-                unlinked = set(self._executor.shut_down(w.id for w in live))
+                unlinked = set(self._executor.endpoints.shut_down(w.id for w in live))
                 unlinked_workers = [w for w in live if w.id in unlinked]
                 call_each(lambda w: w.stub.Shutdown(pb.ShutdownRequest(), timeout=2), unlinked_workers)  # errors: exiting
                 self.registry.launcher.close(timeout=5.0)  # let them exit on their own first

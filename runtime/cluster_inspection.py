@@ -141,7 +141,7 @@ class ClusterInspector:
         stats["pages_read"] = stats["pages_fetched"] + stats["pages_mapped"]
         stats["driver_partitions_served_bulk"] = self._bulk.served if self._bulk is not None else 0
         stats["workers"] = workers
-        stats["task_streams"] = self._executor.stream_counters()
+        stats["task_streams"] = self._executor.endpoints.stream_counters()
         return stats
 
     def partitions(self) -> dict[PartitionKey, dict]:

@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-import grpc
 from clamor.runtime import deadlines
 from clamor.runtime.data import accumulators
 from clamor.runtime.errors import (
@@ -39,7 +38,6 @@ from clamor.runtime.errors import (
     WorkerLostError,
 )
 from clamor.runtime.net import shipping
-from clamor.runtime.net.calls import call_each
 from clamor.runtime.net.messages import decode_key, encode_key
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
@@ -50,6 +48,7 @@ from clamor.runtime.paging.paging_api import DriverPaging
 from clamor.runtime.paging.read_sets import ReadSet, ReadSetCache
 from clamor.runtime.paging.versions import VersionKeeper
 from clamor.runtime.scheduling import fusion
+from clamor.runtime.scheduling.endpoints import Endpoints
 from clamor.runtime.scheduling.events import Event, EventLoop
 from clamor.runtime.scheduling.fusion import FusionPolicy
 from clamor.runtime.scheduling.scheduler import (
@@ -66,7 +65,7 @@ from clamor.runtime.scheduling.scheduler import (
 from clamor.runtime.scheduling.stopping import Stopper
 from clamor.runtime.scheduling.streaming import TaskStream
 from clamor.runtime.stage import DRIVER, PartitionKey, StageSpec, TaskSpec
-from clamor.runtime.storage.bulk import BulkClient, fetch_partition
+from clamor.runtime.storage.bulk import BulkClient
 from clamor.runtime.storage.partitions import PartitionStore
 
 logger = logging.getLogger("clamor.executor")
@@ -98,18 +97,6 @@ class _Kept:
     key: PartitionKey
 
 
-@dataclasses.dataclass(frozen=True)
-class _Endpoint:
-    """A worker as the driver reaches it: its task stream (launches, cancels, drops, in
-    order, never blocking the caller), and its stub for the unary calls (``Invalidate``,
-    partitions, ``Stats``)."""
-
-    stub: pb_grpc.WorkerStub
-    address: str
-    bulk_address: str
-    link: DriverLink
-
-
 class Executor:
     """Runs stages on the workers it is told about.
 
@@ -137,7 +124,6 @@ class Executor:
         kill: Callable[[int, str], None] = lambda worker, why: None,
     ) -> None:
         self._paging = paging
-        self._bulk = bulk
         #: Stops the running attempts of stages that are over (kills workers that do not).
         self.stopper = Stopper(kill)
         self._poll = poll
@@ -151,7 +137,8 @@ class Executor:
         )
         #: Whether tiny tasks run in chunks (runtime/scheduling/fusion.py).
         self.fusion = FusionPolicy(enabled=fuse)
-        self._endpoints: dict[int, _Endpoint] = {}
+        #: Its ways to the workers: task-stream links and stubs.
+        self.endpoints = Endpoints(unreachable, bulk)
         self._stages: dict[int, _StageRun] = {}
         self._stage_ids = itertools.count(1)
         self._stage_lock = threading.Lock()
@@ -226,35 +213,24 @@ class Executor:
     def worker_added(
         self, worker: int, stub: pb_grpc.WorkerStub, address: str, bulk_address: str = ""
     ) -> None:
-        self._endpoints[worker] = _Endpoint(stub, address, bulk_address, DriverLink(worker))
+        self.endpoints.add(worker, stub, address, bulk_address)
         self.telemetry.worker_added(worker)
         self._post(lambda s: s.worker_added(worker, now=time.monotonic()))
 
     def worker_lost(self, worker: int, error: WorkerLostError) -> None:
-        endpoint = self._endpoints.get(worker)
-        if endpoint is not None:
-            endpoint.link.close(f"the driver counts worker {worker} as lost: {error}",
-                                grpc.StatusCode.ABORTED)  # fmt: skip
+        self.endpoints.lost(worker, f"the driver counts worker {worker} as lost: {error}")
         self.telemetry.worker_lost(worker, str(error))
         self._post(lambda s: s.worker_lost(worker, error, now=time.monotonic()))
 
     def link_of(self, worker: int) -> DriverLink | None:
         """Worker ``worker``'s task-stream link, for its stream to attach (``None``: not
         ready, or lost)."""
-        endpoint = self._endpoints.get(worker)
-        return None if endpoint is None or endpoint.link.closed else endpoint.link
+        return self.endpoints.open_link(worker)
 
     def stream_ended(self, worker: int, why: str) -> None:
         """A worker's task stream ended without the driver closing it."""
         if not self._closed:
             self._unreachable(worker, why)
-
-    def stream_counters(self) -> dict[int, dict[str, int | str]]:
-        """Per worker, its task stream's ``sent_messages`` (with ``sent_attempts`` launched in
-        them), ``received_messages`` (with ``received_reports``) and ``transport``
-        (``"unix"``: same host, ``"tcp"``)."""
-        names = ("sent_messages", "sent_attempts", "received_messages", "received_reports", "transport")
-        return {w: {n: getattr(e.link, n) for n in names} for w, e in list(self._endpoints.items())}
 
     def task_finished(
         self, worker: int, reports: Iterable[pb.TaskReport], moved: Iterable[pb.PartitionMove] = ()
@@ -324,10 +300,10 @@ class Executor:
                 run.stream.on_task(instruction.index, instruction.result, instruction.error)
         elif isinstance(instruction, Cancel):
             self.telemetry.cancelled(instruction.attempts)
-            if (link := self._link(instruction.worker)) is not None:
+            if (link := self.endpoints.link(instruction.worker)) is not None:
                 link.cancel(instruction.attempts)
                 if instruction.stop:
-                    self.stopper.stop(instruction.worker, self._endpoints[instruction.worker].stub,
+                    self.stopper.stop(instruction.worker, self.endpoints.get(instruction.worker).stub,
                                       instruction.attempts)  # fmt: skip
         elif isinstance(instruction, StageDone | StageFailed):
             run = self._stages.pop(instruction.stage, None)
@@ -343,7 +319,7 @@ class Executor:
         elif isinstance(instruction, Drop):
             if instruction.worker == DRIVER:
                 self.driver_store.drop(instruction.keys)
-            elif (link := self._link(instruction.worker)) is not None:
+            elif (link := self.endpoints.link(instruction.worker)) is not None:
                 link.drop(encode_key(k) for k in instruction.keys)
         elif isinstance(instruction, PartitionsLost):
             logger.warning("%d partition(s) lost with their worker", len(instruction.keys))
@@ -363,7 +339,7 @@ class Executor:
             for attempt in attempts:
                 request.attempts.append(self._assignment(attempt))
             self.telemetry.launched(launch.worker, attempts, run.name, run.recompute)
-            if (link := self._link(launch.worker)) is not None:
+            if (link := self.endpoints.link(launch.worker)) is not None:
                 link.launch(request)
 
     def _assignment(self, attempt: Any) -> pb.Assignment:
@@ -371,7 +347,7 @@ class Executor:
         inputs = []
         for key in spec.inputs:
             holder = attempt.locations[key]
-            endpoint = self._endpoints.get(holder)
+            endpoint = self.endpoints.get(holder)
             address, bulk = (endpoint.address, endpoint.bulk_address) if endpoint else ("", "")
             if holder == DRIVER:
                 bulk = self.driver_bulk_address
@@ -388,10 +364,6 @@ class Executor:
             count=count,
             payloads=run.payloads[index:index + max(count, 1)] if run is not None else (),
         )
-
-    def _link(self, worker: int) -> DriverLink | None:
-        endpoint = self._endpoints.get(worker)
-        return endpoint.link if endpoint is not None else None
 
     # --- stages ---
 
@@ -422,7 +394,7 @@ class Executor:
             self.stages_run += 1
             try:
                 if pages:
-                    self._invalidate(epoch, list(pages), live())
+                    self.endpoints.invalidate(epoch, list(pages), live())
                 self._trim_versions(epoch, barrier_sent=bool(pages), live=live)
                 stage_id = next(self._stage_ids)
                 run = _StageRun(program, epoch if stage.epoch is None else stage.epoch,
@@ -431,7 +403,7 @@ class Executor:
                     run.payloads = [task.payload for task in stage.tasks]
                 self._stages[stage_id] = run
                 key = fusion.program_key(stage)
-                size = 1 if stream else self.fusion.chunk(key, len(stage.tasks), self._linked_workers)
+                size = 1 if stream else self.fusion.chunk(key, len(stage.tasks), self.endpoints.linked)
                 if size > 1:
                     run.chunks = fusion.chunks(len(stage.tasks), size)
                     reply = stage.tasks[0].reply
@@ -466,15 +438,6 @@ class Executor:
             values = [self.value_of(r) for r in results]
         self._merge_accumulators(results)
         return values
-
-    def shut_down(self, workers: Iterable[int]) -> list[int]:
-        """Tell each worker on its task stream to exit (the cluster is closing): one write
-        each, no reply awaited. The workers whose stream is not connected (told nothing)."""
-        return [w for w in workers if (link := self._link(w)) is None or not link.shut_down()]
-
-    def _linked_workers(self) -> int:
-        """How many workers have an open task stream (cheap: no process is looked at)."""
-        return sum(not e.link.closed for e in list(self._endpoints.values()))
 
     def _with_cached(self, tasks: list[TaskSpec]) -> list[TaskSpec]:
         """Tasks that say which arena ranges they read, told which workers cache them."""
@@ -549,7 +512,7 @@ class Executor:
             epoch, pages = self._paging.begin_stage()
             try:
                 if pages:
-                    self._invalidate(epoch, list(pages), live())
+                    self.endpoints.invalidate(epoch, list(pages), live())
             finally:
                 self._paging.end_stage()
             self.versions.pin(epoch)  # before the next stage can end and release it
@@ -565,17 +528,8 @@ class Executor:
         floor = self.versions.trimmable(epoch)
         if floor is not None:
             if not barrier_sent:
-                self._invalidate(epoch, [], live())
+                self.endpoints.invalidate(epoch, [], live())
             self.versions.trim(floor)
-
-    def _invalidate(self, epoch: int, pages: list[int], workers: list[int]) -> None:
-        """Invalidate ``pages`` on every live worker; one that fails is reported unreachable."""
-        request = pb.InvalidateRequest(epoch=epoch, pages=pages)
-        workers = [w for w in workers if w in self._endpoints]
-        replies = call_each(lambda w: self._endpoints[w].stub.Invalidate(request, timeout=60), workers)
-        for worker, reply in zip(workers, replies):
-            if isinstance(reply, grpc.RpcError):
-                self._unreachable(worker, f"invalidation failed: {reply.code().name}: {reply.details()}")
 
     def value_of(self, result: TaskResult) -> Any:
         """A task's reply: as it came, or fetched from the worker keeping a large one."""
@@ -585,7 +539,7 @@ class Executor:
         try:
             return self.fetch(kept.key, holder=kept.worker)
         finally:
-            if (link := self._link(kept.worker)) is not None:
+            if (link := self.endpoints.link(kept.worker)) is not None:
                 link.drop([encode_key(kept.key)])
 
     @staticmethod
@@ -623,10 +577,7 @@ class Executor:
             raise ClamorError(f"partition {key!r} is held by no live worker")
         if holder == DRIVER:
             return self.driver_store.get(key)
-        endpoint = self._endpoints[holder]
-        request = pb.PartitionRequest(key=encode_key(key))
-        stream = lambda: endpoint.stub.GetPartition(request, timeout=600)
-        return fetch_partition(self._bulk, endpoint.bulk_address, key, stream, f"worker {holder}")
+        return self.endpoints.fetch(key, holder)
 
     def driver_chunks(self, key: PartitionKey) -> Iterator[pb.Chunk]:
         """The Scheduler's ``FetchPartition``: a driver-held partition as chunks."""
@@ -649,17 +600,12 @@ class Executor:
             if not run.future.done():
                 run.future.set_exception(ClamorError("the cluster was closed"))
         self._events.stop()
-        for endpoint in list(self._endpoints.values()):
-            endpoint.link.close()  # ends each task stream: its reader and writer threads return
-        if self._bulk is not None:
-            self._bulk.close()
+        self.endpoints.close()  # ends each task stream: its reader and writer threads return
 
     def join(self, timeout: float = 5.0) -> None:
         """Wait for the loop thread and the task streams' readers and writers to end after
         :meth:`close` (they end with their streams, which it closed)."""
-        links = [e.link for e in list(self._endpoints.values())]
-        streams = [t for link in links for t in (link.reader, link.writer) if t is not None]
         deadline = time.monotonic() + timeout
-        for thread in [self._events.thread, *streams]:
+        for thread in [self._events.thread, *self.endpoints.threads()]:
             if thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))

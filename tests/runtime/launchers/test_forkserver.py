@@ -127,10 +127,10 @@ def test_close_tells_each_worker_on_its_task_stream_and_each_exits_on_its_own(fo
     launcher = LocalLauncher(fork=fork)
     cluster = Cluster(3, launcher=launcher, timeout=60)
     assert cluster.run_stage([(None, abs, (-i,)) for i in range(6)]) == list(range(6))
-    sent = {w: s["sent_messages"] for w, s in cluster._executor.stream_counters().items()}
+    sent = {w: s["sent_messages"] for w, s in cluster._executor.endpoints.stream_counters().items()}
     pids = [cluster.worker_pid(w) for w in cluster.workers]
     cluster.close()
-    assert {w: s["sent_messages"] - sent[w] for w, s in cluster._executor.stream_counters().items()} == {0: 1, 1: 1, 2: 1}
+    assert {w: s["sent_messages"] - sent[w] for w, s in cluster._executor.endpoints.stream_counters().items()} == {0: 1, 1: 1, 2: 1}
     assert [launcher.exitcode(w) for w in range(3)] == [0, 0, 0]  # not killed
     assert gone(pids)
 
