@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import logging
 import os
 import random
@@ -242,11 +243,12 @@ def _process_gone(pid: int) -> bool:
         return True
 
 
-def _watchdog(scheduler, worker_id: int, parent_pid: int | None) -> None:
-    """Heartbeat the driver; exit when it is gone. Runs in a daemon thread."""
+def _watchdog(scheduler, worker_id: int, parent_pid: int | None, every: int = 1) -> None:
+    """Heartbeat the driver every ``every`` seconds; exit when it is gone (its process is
+    looked at every second). Runs in a daemon thread."""
     child_of_parent = parent_pid is not None and os.getppid() == parent_pid
     failing_since: float | None = None
-    while True:
+    for tick in itertools.count(1):
         time.sleep(HEARTBEAT_INTERVAL)
         try:  # out of file descriptors (a flood of connections), /proc cannot be read: next time
             gone = parent_pid is not None and (
@@ -257,6 +259,8 @@ def _watchdog(scheduler, worker_id: int, parent_pid: int | None) -> None:
             gone = False
         if gone:
             _die(EXIT_DRIVER_UNREACHABLE, f"the driver process {parent_pid} is gone")
+        if tick % every and failing_since is None:
+            continue
         try:
             reply = scheduler.Heartbeat(
                 pb.HeartbeatRequest(worker_id=worker_id), timeout=HEARTBEAT_INTERVAL
@@ -394,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     worker_id = reply.worker_id
     threading.Thread(
         target=_watchdog,
-        args=(scheduler, worker_id, args.parent_pid),
+        args=(scheduler, worker_id, args.parent_pid, max(1, reply.config.heartbeat_every)),
         name="clamor-watchdog",
         daemon=True,
     ).start()

@@ -462,6 +462,29 @@ def test_worker_exits_70_when_driver_unreachable(tmp_path):
     assert len(lines) == 1 and "cannot reach the driver" in lines[0]
 
 
+def test_a_worker_the_launcher_sees_heartbeats_less_often_than_one_it_cannot(tmp_path, monkeypatch):
+    """Heartbeats cost the driver CPU; a local worker's liveness is its process's, so it
+    sends one every OBSERVED_HEARTBEAT_EVERY s; a worker started outside the launcher one
+    a second (the driver counts it lost after 10 s without)."""
+    beats: list[int] = []
+    on_heartbeat = WorkerRegistry.on_heartbeat
+    monkeypatch.setattr(WorkerRegistry, "on_heartbeat", lambda self, w: beats.append(w) or on_heartbeat(self, w))
+    with Cluster(1, paging=NullDriverPaging(), timeout=30) as c:
+        token_file = c._credentials.write_temp(dir=str(tmp_path))
+        outside = subprocess.Popen(_worker_command(c.address, token_file))
+        try:
+            deadline = time.monotonic() + 20
+            while 1 not in c.workers and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert c.workers == [0, 1]
+            beats.clear()
+            time.sleep(4.5)
+            assert beats.count(0) <= 1 and beats.count(1) >= 3, beats
+        finally:
+            outside.kill()
+            outside.wait()
+
+
 def test_worker_exits_when_parent_process_is_gone(tmp_path):
     with Cluster(1, paging=NullDriverPaging(), timeout=30) as c:
         token_file = c._credentials.write_temp(dir=str(tmp_path))
