@@ -43,8 +43,9 @@ from harness import progress
 from harness.results import goal, row, save
 
 DEFAULTS, QUICK = "64,256,512,1000", "16,64,128"
-#: Seconds of an idle cluster over which the driver's CPU time is measured.
-IDLE_S = 2.0
+#: Seconds of an idle cluster over which the driver's CPU time is measured: a whole
+#: period of a local worker's heartbeats (runtime/cluster_workers.py), whatever its phase.
+IDLE_S = 5.0
 SYSTEMS = {"forked": "clamor (forked)", "one-by-one": "clamor (one start-up each)", "limit": "limit: fork N processes",
            "kill": "limit: SIGKILL the workers"}  # fmt: skip
 
