@@ -65,6 +65,11 @@ class ForkedWorker:
             self._kill(self._pid)
 
     @property
+    def forked(self) -> bool:
+        """Whether the template has forked it (its pid is known; no waiting)."""
+        return self._pid is not None
+
+    @property
     def error(self) -> str | None:
         """Why it was never forked (the template failed or is gone), else ``None``."""
         return self._error

@@ -400,7 +400,7 @@ class SSHLauncher(Launcher):
             host, forked = self._forked[worker_id]
             if forked.error is not None:
                 return f"ssh {host} ({forked.error})"
-            return f"ssh {host} (pid {forked.pid})"
+            return f"ssh {host} (pid {forked.pid})" if forked.forked else f"ssh {host} (not forked yet)"
         client = self._clients.get(worker_id)
         if client is None:
             return super().describe(worker_id)
