@@ -19,8 +19,11 @@ and ``1 %`` with ``T`` tasks a worker, and ``100 %`` with 1 task a worker (not f
 broadcast; ``--no-single`` leaves it out), each as
 
 * **first pass**: from the table in the driver's memory to the last result, on a fresh
-  system (a new cluster, object reference, scatter, block or gather; its start untimed):
-  Clamor's workers fault in the pages the stage touches (no ``clamor.prefetch``); Ray
+  system (a new object reference, scatter, block or gather on the same workers; a new
+  table for Clamor; the start untimed): Clamor's workers fault in the pages the stage
+  touches (no ``clamor.prefetch``): the first time on a new cluster, made after the
+  table, then, on the same cluster, a new arena table built (untimed) while the last one
+  lives, so its pages are new to every worker, as a peer's new put is; Ray
   ``ray.put(table)`` and the tasks on the reference (``ray.init(num_cpus=W)``, an object
   store of twice the table; one Ray instance a child, so after its first put a put
   reuses store pages already allocated); Dask ``client.scatter(table, broadcast=True)``
@@ -282,8 +285,9 @@ class ClamorSystem(System):
         return self.table
 
     def fresh(self) -> None:
-        if self.cluster is not None:
-            self.cluster.close()
+        if self.cluster is not None:  # a new table (the same values) no worker has read
+            self.table = make_table(self.n, arena=True)
+            return
         t0 = time.perf_counter()
         self.cluster = self.clamor.Cluster(workers=self.w, page_size=self.p["page_size"],
                                            read_sets=self.read_sets)
