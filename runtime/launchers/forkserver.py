@@ -158,6 +158,17 @@ class PipeChannel:
                 pass
 
 
+def _tell(channel: Channel | None, message: dict) -> None:
+    """Send the template a JSON line; one that is gone or ending is not told (its reader
+    sees the end and fails what it had not forked, with its exit status and why)."""
+    if channel is None:
+        return
+    try:
+        channel.send(json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass
+
+
 def _start_here(env: dict[str, str] | None) -> tuple[subprocess.Popen, Channel]:
     """A template process on this host, its end of a socket pair its channel."""
     ours, theirs = socket.socketpair()
@@ -221,21 +232,13 @@ class ForkServer:
                 workers.append(worker)
                 batch.append({"id": self._ids, "argv": argv, "log": log})
             keep(workers)
-            try:
-                assert template.channel is not None
-                template.channel.send(json.dumps({"spawn": batch}).encode() + b"\n")
-            except OSError:
-                pass  # it is ending: its reader fails these workers with its exit status and why
+            _tell(template.channel, {"spawn": batch})
 
     def _kill_through(self, template: _Template) -> Callable[[int], None]:
         def kill(pid: int) -> None:
             with self._lock:
                 channel = template.channel
-            if channel is not None:
-                try:
-                    channel.send(json.dumps({"kill": pid}).encode() + b"\n")
-                except OSError:
-                    pass  # the template is gone, and its children with it
+            _tell(channel, {"kill": pid})  # if it is gone, its children died with it
 
         return kill
 
@@ -250,20 +253,17 @@ class ForkServer:
         if template is None or template.channel is None or template.proc.poll() is not None:
             template = self._template = _Template(*self._start())
             if self._greeting is not None:
-                try:
-                    template.channel.send(json.dumps(self._greeting).encode() + b"\n")
-                except OSError:
-                    pass  # it failed at once: its reader sees the end and says why
+                _tell(template.channel, self._greeting)
             template.reader = threading.Thread(target=self._read, args=(template,), name="clamor-template", daemon=True)
             template.reader.start()
         return template
 
     def _read(self, template: _Template) -> None:
         """The template's answers, until it closes: forks and exits of its workers."""
-        sock, pending = template.channel, b""
-        assert sock is not None
+        channel, pending = template.channel, b""
+        assert channel is not None
         try:
-            while data := sock.recv():
+            while data := channel.recv():
                 pending += data
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
@@ -283,7 +283,7 @@ class ForkServer:
                     worker._set_pid(None, why, status if status else 1)
                 else:
                     worker._ended(-signal.SIGKILL)
-            sock.close()
+            channel.close()
 
     def _handle(self, template: _Template, message: dict) -> None:
         with self._lock:
@@ -302,9 +302,9 @@ class ForkServer:
         """Stop the template (its workers, if any are left, die with it)."""
         with self._lock:
             template, self._template = self._template, None
-            sock = template.channel if template is not None else None
-        if sock is not None:
-            sock.shut()  # the template and the reader see the end
+            channel = template.channel if template is not None else None
+        if channel is not None:
+            channel.shut()  # the template and the reader see the end
         if template is not None:
             try:
                 template.proc.wait(timeout=5)
