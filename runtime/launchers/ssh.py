@@ -241,33 +241,39 @@ class SSHLauncher(Launcher):
         The worker removes the token file once read; the script removes it too if the
         worker could not (it did not start, or failed first).
         """
-        python = shlex.quote(self.python)
         bind = _bare_host(host) if _ip_literal(host) is not None else None
         command = worker_command(self.connect, _TOKEN_FILE, python=self.python, host=bind)
         command += ["--remove-token-file", "--launch-key", launch_key]
         worker = ['"$f"' if arg == _TOKEN_FILE else shlex.quote(arg) for arg in command]
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
         return "\n".join([
             "umask 077",
             'f=$(mktemp "${TMPDIR:-/tmp}/clamor-ssh-token.XXXXXXXX") || exit 72',
             'cat >"$f" || { rm -f "$f"; exit 72; }',
-            f"if ! command -v {python} >/dev/null 2>&1; then",
-            f'  rm -f "$f"; echo "clamor: cannot run {python} on $(uname -n)" >&2; exit {_NO_PYTHON}',
-            "fi",
-            (f"env {env} " if env else "") + " ".join(worker),
+            *self._python_check('rm -f "$f"; '),
+            self._env_prefix() + " ".join(worker),
             'rc=$?; rm -f "$f"; exit $rc',
         ])  # fmt: skip
 
     def template_script(self, host: str) -> str:
         """The ``sh`` script that runs the host's worker template on its stdin and stdout."""
         python = shlex.quote(self.python)
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
         return "\n".join([
-            f"if ! command -v {python} >/dev/null 2>&1; then",
-            f'  echo "clamor: cannot run {python} on $(uname -n)" >&2; exit {_NO_PYTHON}',
-            "fi",
-            "exec " + (f"env {env} " if env else "") + f"{python} -m clamor.runtime.worker.template --stdio",
+            *self._python_check(),
+            "exec " + self._env_prefix() + f"{python} -m clamor.runtime.worker.template --stdio",
         ])  # fmt: skip
+
+    def _python_check(self, cleanup: str = "") -> list[str]:
+        """Script lines that exit with :data:`_NO_PYTHON`, saying so, if the host cannot run
+        the workers' python (``cleanup``: shell run first)."""
+        python = shlex.quote(self.python)
+        return [f"if ! command -v {python} >/dev/null 2>&1; then",
+                f'  {cleanup}echo "clamor: cannot run {python} on $(uname -n)" >&2; exit {_NO_PYTHON}',
+                "fi"]  # fmt: skip
+
+    def _env_prefix(self) -> str:
+        """``env K=V ... `` for the workers' variables (empty without any)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return f"env {env} " if env else ""
 
     def _template(self, host: str) -> ForkServer:
         """``host``'s template (started on first use: one ssh client for all its workers)."""
@@ -385,14 +391,20 @@ class SSHLauncher(Launcher):
 
     def wait(self, worker_id: int, timeout: float | None = None) -> int | None:
         """Wait up to ``timeout`` seconds for the ssh client to exit; :meth:`exitcode`."""
-        client = self._clients.get(worker_id)
-        proc = client.proc if client is not None else self._forked[worker_id][1] if worker_id in self._forked else None
+        proc = self._process(worker_id)
         if proc is not None:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 return None
         return self.exitcode(worker_id)
+
+    def _process(self, worker_id: int) -> subprocess.Popen | ForkedWorker | None:
+        """What stands for the worker here: its ssh client, or its forked worker."""
+        if worker_id in self._forked:
+            return self._forked[worker_id][1]
+        client = self._clients.get(worker_id)
+        return client.proc if client is not None else None
 
     def describe(self, worker_id: int) -> str:
         """``ssh HOST (pid N)``; once ssh failed, with the end of its output."""
@@ -461,7 +473,7 @@ class SSHLauncher(Launcher):
         if not self._finalizer.alive:
             return
         deadline = time.monotonic() + timeout
-        for proc in [c.proc for c in self._clients.values()] + [f for _, f in self._forked.values()]:
+        for proc in [self._process(w) for w in self.worker_ids]:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
