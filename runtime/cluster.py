@@ -37,7 +37,6 @@ from clamor.runtime.credentials import Credentials
 from clamor.runtime.data import checkpoint
 from clamor.runtime.data.dataset import DatasetSources
 from clamor.runtime.data.lineage import LineageStore
-from clamor.runtime.errors import ClamorError
 from clamor.runtime.futures import ClusterExecutor, ClusterFuture, Dispatcher
 from clamor.runtime.launchers.base import Launcher
 from clamor.runtime.launchers.local import LocalLauncher
@@ -341,7 +340,7 @@ class Cluster(DatasetSources):
         attached) and the stage's other attempts are cancelled; a lost worker
         raises :class:`WorkerLostError`. The cluster stays usable either way.
         """
-        self._check_open()
+        self.registry.check_open()
         for task in stage.tasks:
             if task.worker is not None:
                 self.registry.live_worker(task.worker)
@@ -365,7 +364,7 @@ class Cluster(DatasetSources):
         Every call is pickled before anything is sent; the first failure is raised.
         ``timeout``: as in :meth:`run`.
         """
-        self._check_open()
+        self.registry.check_open()
         packed = pack_calls([(fn, args, rest[0] if rest else None) for _, fn, args, *rest in calls],
                             self.page_size or None)  # fmt: skip
         tasks = [TaskSpec(i, worker=call[0], payload=payload)
@@ -379,7 +378,7 @@ class Cluster(DatasetSources):
         """Run ``fn(*args, **kwargs)`` on a worker (``worker``: that one) and return at once:
         a ``concurrent.futures.Future`` of its result, awaitable in async code
         (runtime/futures.py). Pickled now: what cannot be shipped fails here."""
-        self._check_open()
+        self.registry.check_open()
         return self._futures.submit(pack_task(fn, args, kwargs, self.page_size or None), worker)
 
     def map(self, fn: Callable, *iterables: Iterable) -> list[ClusterFuture]:
@@ -414,7 +413,7 @@ class Cluster(DatasetSources):
         log). ``handle.wait()`` / ``handle.result()``; ``clamor.restore(path)`` in a
         fresh process brings everything back.
         """
-        self._check_open()
+        self.registry.check_open()
         return checkpoint.start(self, path, variables, datasets)
 
     # --- page versions ---
@@ -430,7 +429,7 @@ class Cluster(DatasetSources):
         """Seal a new arena epoch between two stages and pin its page versions until
         :meth:`release_epoch` (a checkpoint reads the arena as of it while the notebook
         writes on); ``None`` if this cluster's paging keeps no versions."""
-        self._check_open()
+        self.registry.check_open()
         if not isinstance(self._paging, DriverPager):
             return None
         return self._executor.seal_epoch(lambda: self.workers)
@@ -595,10 +594,6 @@ class Cluster(DatasetSources):
         """Its secrets (the token; with TLS, its CA and keys): what a worker or an observer
         (the notebook server's dashboard) needs to talk to it."""
         return self._credentials
-
-    def _check_open(self) -> None:
-        if self.registry.closed:
-            raise ClamorError("the cluster is closed")
 
     def close(self) -> None:
         """Shut the workers down (SIGKILL for stragglers) and stop the scheduler. Idempotent.

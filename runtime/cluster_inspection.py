@@ -10,7 +10,6 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from clamor.runtime.errors import ClamorError
 from clamor.runtime.net.calls import call_each
 from clamor.runtime.net.messages import worker_stats
 from clamor.runtime.net.proto import clamor_pb2 as pb
@@ -90,15 +89,11 @@ class ClusterInspector:
         """The worker (or the driver) holding partition ``key``; ``None`` if nobody does."""
         return self._executor.holder(key)
 
-    def _check_open(self) -> None:
-        if self.registry.closed:
-            raise ClamorError("the cluster is closed")
-
     def worker_stats(self) -> list[dict]:
         """Per worker (lost ones included): ``id``, ``pid``, ``host``, ``address``, ``alive``,
         and for live ones the worker's own stats (``tasks_run``, ``rss_bytes``, paging counters).
         ``ClamorError`` once the cluster is closed."""
-        self._check_open()
+        self.registry.check_open()
         self.registry.refresh()
         workers = self.registry.all()
         live = [w for w in workers if w.lost is None]

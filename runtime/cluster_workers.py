@@ -171,6 +171,11 @@ class WorkerRegistry:
             self.closed = True
             return [w for w in self._workers.values() if w.lost is None]
 
+    def check_open(self) -> None:
+        """``ClamorError`` once the registry, and so the cluster, is closed."""
+        if self.closed:
+            raise ClamorError("the cluster is closed")
+
     def live(self) -> list[int]:
         """The ids of the ready workers not lost, sorted."""
         with self._cond:
@@ -429,8 +434,7 @@ class WorkerRegistry:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"a cluster needs at least one worker, got {n!r}")
         with self._cond:
-            if self.closed:
-                raise ClamorError("the cluster is closed")
+            self.check_open()
             live = self._live_ids()
             grow = max(0, n - len(live) - self._starting)  # replacements starting count as live
             if self._next_id + grow > MAX_WORKERS:
