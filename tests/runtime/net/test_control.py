@@ -478,8 +478,10 @@ def test_a_worker_the_launcher_sees_heartbeats_less_often_than_one_it_cannot(tmp
                 time.sleep(0.1)
             assert c.workers == [0, 1]
             beats.clear()
-            time.sleep(4.5)
-            assert beats.count(0) <= 1 and beats.count(1) >= 3, beats
+            time.sleep(10.5)
+            # about 2 against about 10: a heartbeat that times out on a loaded machine is
+            # retried a second later, so a local worker may send one or two more
+            assert beats.count(0) <= beats.count(1) / 2, beats
         finally:
             outside.kill()
             outside.wait()
