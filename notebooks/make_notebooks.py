@@ -88,9 +88,10 @@ assert read < tree_bytes / 2  # demand paging: only what the queries touched""")
     ("md", """\
 **An in-place update.** The driver moves the nearest point of the first query half a
 degree away, in the tree's own data array. The arena is immutable *during* a stage;
-between stages the driver may write it, and the next stage invalidates exactly the
-written page on the workers that hold it. `nearest` is lazy, so collecting it again
-runs the queries against the updated tree."""),
+between stages the driver may write it, and the next stage tells the workers exactly
+the written page: one that copied it drops its copy, one that maps it in place keeps
+the mapping, which shows the new bytes already. `nearest` is lazy, so collecting it
+again runs the queries against the updated tree."""),
     ("code", """\
 data = tree.get_arrays()[0]
 target = int(first[0, 0])

@@ -173,6 +173,7 @@ typedef struct {
     uint64_t pending_timeouts;  /* ... of which it answered NOT_HELD after the bounded wait */
     uint64_t faultaround_pages; /* pages mapped with a faulting neighbour in its aligned block, without a fault of their own */
     uint64_t unmap_all;         /* task starts that unmapped the whole range (exact read sets, or an epoch its mappings do not serve) */
+    uint64_t updated_in_place;  /* zero copy: pages the driver wrote between stages that stayed mapped, showing the new version */
 } clamor_worker_stats;
 
 int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,

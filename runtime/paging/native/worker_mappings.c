@@ -325,18 +325,50 @@ void maps_unmap_all(void) {
     }
 }
 
-int maps_unmap_direct(uint64_t p) {
+/* Whether page p, mapped from the driver, may stay mapped now that the driver wrote it
+ * between stages: the range shows the driver's page cache there (not a private copy),
+ * so the driver's bytes, and they are the version sealed for `epoch`. (A hole mapped
+ * with UFFDIO_ZEROPAGE is no exception: on shared memory that puts a zeroed page into
+ * the driver's memfd itself, which the driver's write then fills.) The read set then
+ * records that version. map_lock held. */
+static int advance_direct(uint64_t p, uint32_t epoch) {
+    if (M.private_page[p]) return 0;
+    uint64_t s = conn_shm_state(p);
+    uint32_t v = (uint32_t)(s >> 1);
+    if ((s & 1) || !v || v > epoch || rs_advance(p, v)) return 0;
+    if (M.mapped_ver1[p] != v + 1) {
+        M.mapped_ver1[p] = v + 1;
+        atomic_fetch_add_explicit(&M.zap->maps, 1, memory_order_relaxed);
+        ADD(pages_mapped, 1);
+    }
+    ADD(updated_in_place, 1);
+    return 1;
+}
+
+uint64_t maps_invalidate_direct(const uint64_t *pages, uint64_t n, uint32_t epoch, uint8_t *outcome) {
+    memset(outcome, MAP_UNTOUCHED, n);
     if (!M.zero_copy) return 0;
-    const uint64_t bit = 1ull << (p & 63);
-    int was = 0;
+    uint64_t dropped = 0, run_start = 0, run = 0; /* pages[run_start..+run) go, consecutive */
     pthread_mutex_lock(&M.map_lock);
-    if (atomic_load(&M.mapped[p >> 6]) & bit) {
-        madvise(M.ro + p * M.ps, M.ps, MADV_DONTNEED);
-        atomic_fetch_and(&M.mapped[p >> 6], ~bit);
-        was = 1;
+    for (uint64_t i = 0; i <= n; i++) {
+        uint64_t p = i < n ? pages[i] : UINT64_MAX;
+        int mapped = p < M.npages && (atomic_load(&M.mapped[p >> 6]) & (1ull << (p & 63)));
+        if (mapped && advance_direct(p, epoch)) {
+            outcome[i] = MAP_ADVANCED;
+            mapped = 0;
+        }
+        if (run && (!mapped || p != pages[run_start] + run)) { /* the run ends before i */
+            madvise(M.ro + pages[run_start] * M.ps, run * M.ps, MADV_DONTNEED);
+            dropped += run;
+            run = 0;
+        }
+        if (!mapped) continue;
+        atomic_fetch_and(&M.mapped[p >> 6], ~(1ull << (p & 63)));
+        outcome[i] = MAP_DROPPED;
+        if (!run++) run_start = i;
     }
     pthread_mutex_unlock(&M.map_lock);
-    return was;
+    return dropped;
 }
 
 int maps_start_shootdowns(char *err, size_t errlen) {

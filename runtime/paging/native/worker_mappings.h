@@ -45,8 +45,14 @@ void maps_cached(uint64_t p);
 void maps_cached_run(uint64_t first, uint64_t end);
 /* Unmaps the whole range (the cache stays). */
 void maps_unmap_all(void);
-/* Zero copy: unmaps page p if it is mapped from the driver. 1: it was. */
-int maps_unmap_direct(uint64_t p);
+enum { MAP_UNTOUCHED, MAP_DROPPED, MAP_ADVANCED };
+/* Zero copy: the driver wrote pages[0..n) between stages and sealed them for `epoch`.
+ * A page mapped from the driver whose mapping shows its page cache stays mapped: it
+ * shows the new bytes, which are the current version (MAP_ADVANCED, the read set
+ * follows). Others mapped from the driver (a private copy, or not yet the version
+ * sealed) are unmapped, one madvise for each run of consecutive pages (MAP_DROPPED); the rest are
+ * MAP_UNTOUCHED. outcome[i] says which; the number dropped. */
+uint64_t maps_invalidate_direct(const uint64_t *pages, uint64_t n, uint32_t epoch, uint8_t *outcome);
 
 #pragma GCC visibility pop
 

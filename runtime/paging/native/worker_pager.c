@@ -21,6 +21,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -243,17 +244,22 @@ void clamor_worker_begin_task(uint32_t epoch) {
     if (!keep) unmap_all();
 }
 
-/* The driver wrote these pages since the last stage: their cached copies and their
- * mappings in place go (they show the new bytes, under an old version), and they leave
- * the resident set. Runs between attempts, never during one. */
+/* The driver wrote these pages since the last stage and sealed them for `epoch`. A page
+ * mapped in place from the driver's page cache stays mapped and its read-set version
+ * advances: the mapping already shows the new bytes (no unmap, no fault again). Other
+ * mappings in place and cached copies go (invalidations), and they leave the resident
+ * set. Runs between attempts, never during one. */
 void clamor_worker_invalidate(uint32_t epoch, const uint64_t *pages, uint64_t n) {
-    (void)epoch;
+    uint8_t *outcome = n ? malloc(n) : NULL;
+    if (n && !outcome) die(EXIT_PAGE_ERROR, "out of memory invalidating pages", n);
+    maps_invalidate_direct(pages, n, epoch, outcome);
     for (uint64_t i = 0; i < n; i++) {
         uint64_t p = pages[i];
-        if (p >= P.npages) continue;
-        int dropped = maps_unmap_direct(p);
+        if (p >= P.npages || outcome[i] == MAP_ADVANCED) continue;
+        int dropped = outcome[i] == MAP_DROPPED;
         if (cache_peek(p)) dropped |= cache_evict(p, 0); /* the driver cleared its holder bits itself */
         if (!rs_exact()) rs_unrecord(p);
         if (dropped) ADD(invalidations, 1);
     }
+    free(outcome);
 }

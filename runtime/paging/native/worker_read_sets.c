@@ -2,8 +2,9 @@
  *
  * Resident mode (the default): mappings stay across tasks and stages while their
  * versions serve the task's epoch, so a repeated stage faults no more than plain
- * shared memory; pages the driver wrote are unmapped page by page before the next
- * stage (clamor_worker_invalidate), and a write during a stage is shot down. A task's
+ * shared memory; a page the driver wrote between stages stays mapped and advances to
+ * its new version before the next stage (clamor_worker_invalidate: its mapping shows
+ * the driver's bytes), and a write during a stage is shot down. A task's
  * read set is the resident set: every page mapped since the range was last unmapped
  * whole, at its version, a superset of what the task touched.
  *
@@ -83,6 +84,18 @@ void rs_unrecord(uint64_t p) {
         R.res_gen++;
     }
     pthread_mutex_unlock(&R.lock);
+}
+
+int rs_advance(uint64_t p, uint32_t v) {
+    pthread_mutex_lock(&R.lock);
+    int ok = !R.exact && R.res_ver1[p];
+    if (ok && R.res_ver1[p] != v + 1) {
+        R.res_ver1[p] = v + 1;
+        R.res_gen++;
+        if (v > R.res_lo) R.res_lo = v; /* an older epoch is no longer served */
+    }
+    pthread_mutex_unlock(&R.lock);
+    return ok ? 0 : -1;
 }
 
 void clamor_worker_set_exact_read_sets(int exact) { R.exact = exact; }

@@ -20,6 +20,10 @@ int rs_exact(void);
 void rs_record(uint64_t p, uint32_t v, uint32_t hi);
 /* Resident mode: page p leaves the resident set (its version is no longer current). */
 void rs_unrecord(uint64_t p);
+/* Resident mode: page p, resident at an older version, now shows version v (the
+ * driver wrote it between stages and its mapping stayed). 0: done; -1: p is not
+ * resident (or exact mode), nothing changed. */
+int rs_advance(uint64_t p, uint32_t v);
 /* Whether the running task has recorded page p already. */
 int rs_seen_by_task(uint64_t p);
 /* Resident mode: the version + 1 page p is resident at, 0 if none; unlocked: a hint. */
