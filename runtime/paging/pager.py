@@ -9,8 +9,10 @@ converts counters into plain dicts.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,6 @@ TRANSPORTS = ("auto", "shm", "shm-copy", "tcp")
 READ_SET_MODES = ("resident", "exact")
 _ERRLEN = 512
 MIN_CACHE_PAGES = 4  # a non-zero page-cache budget is never below this many pages
-OS_PAGE = os.sysconf("SC_PAGE_SIZE")
 #: Worker ids are ``0 .. MAX_WORKERS - 1`` (1,024): the driver's page directory records
 #: holders as 16-bit ids with a 1,024-bit set per hot page, and same-host zero copy has
 #: one shoot-down slot per id (native/api.h: CLAMOR_MAX_WORKERS).
@@ -155,9 +156,10 @@ class DriverPager:
         self._check_open()
         epoch = int(lib.clamor_driver_begin_stage())
         n = int(lib.clamor_driver_invalidated(ffi.NULL, 0))
-        buf = ffi.new("uint64_t[]", max(n, 1))
-        lib.clamor_driver_invalidated(buf, n)
-        return epoch, [int(buf[i]) for i in range(n)]
+        pages = np.empty(n, np.uint64)
+        if n:
+            lib.clamor_driver_invalidated(ffi.from_buffer("uint64_t[]", pages), n)
+        return epoch, pages.tolist()
 
     def end_stage(self) -> None:
         lib.clamor_driver_end_stage()
@@ -331,6 +333,7 @@ class WorkerPager:
         view = np.frombuffer(ffi.buffer(base, self.arena_size), dtype=np.uint8)
         view.flags.writeable = False
         self._bytes = view
+        self._base = int(ffi.cast("uintptr_t", base))
         _worker_pager = self
 
     def info(self) -> PagingInfo:
@@ -363,9 +366,9 @@ class WorkerPager:
         self._read_set = (generation, runs)
         return runs
 
-    def invalidate(self, epoch: int, pages: list[int]) -> None:
-        buf = ffi.new("uint64_t[]", list(pages) or [0])
-        lib.clamor_worker_invalidate(epoch, buf, len(pages))
+    def invalidate(self, epoch: int, pages: Sequence[int]) -> None:
+        buf = np.fromiter(pages, np.uint64, len(pages))
+        lib.clamor_worker_invalidate(epoch, ffi.from_buffer("uint64_t[]", buf), len(buf))
 
     def stats(self) -> dict:
         out = ffi.new("clamor_worker_stats *")
@@ -376,11 +379,16 @@ class WorkerPager:
         """A read-only, zero-copy view of arena bytes at `offset` (pages fault in on touch)."""
         return np.ndarray(shape, dtype=dtype, buffer=self._bytes, offset=offset, strides=strides)
 
+    def offset_of(self, x: np.ndarray) -> int | None:
+        """The arena offset of ``x``'s data, or None if it lies outside this worker's arena
+        mapping (``ctypes.data``: a quarter of ``__array_interface__``'s cost, which
+        matters to a prefetch of a few rows)."""
+        offset = x.ctypes.data - self._base
+        return offset if 0 <= offset < self.arena_size else None
+
     def contains(self, x: np.ndarray) -> bool:
         """Whether ``x``'s data lies in this worker's arena mapping."""
-        start = self._bytes.__array_interface__["data"][0]
-        addr = x.__array_interface__["data"][0]
-        return start <= addr < start + self.arena_size
+        return self.offset_of(x) is not None
 
     def prefetch(self, pages: np.ndarray) -> int:
         """Make these pages (sorted, unique) resident for the running task, as one
@@ -390,13 +398,18 @@ class WorkerPager:
             return 0
         return int(lib.clamor_worker_prefetch(ffi.from_buffer("uint64_t[]", pages), len(pages)))
 
-    def prefetch_pieces(self, pieces: np.ndarray) -> int:
-        """Like :meth:`prefetch` for OS pages (sorted, unique OS page numbers of the
-        arena): on the driver's host just those are mapped, not whole arena pages."""
-        pieces = np.ascontiguousarray(pieces, dtype=np.uint64)
-        if not len(pieces):
-            return 0
-        return int(lib.clamor_worker_prefetch_pieces(ffi.from_buffer("uint64_t[]", pieces), len(pieces)))
+    def prefetch_rows(self, start: int, stride: int, row_bytes: int, rows: np.ndarray, axis_len: int) -> int:
+        """Like :meth:`prefetch` for rows ``rows`` (of ``axis_len``; negative ones count
+        from the end) of an array at arena offset ``start``, each ``row_bytes`` long, one
+        every ``stride`` bytes: small rows bring in just their OS pages where that is
+        cheaper (mapped in place on the driver's host), and pages mapped already are
+        skipped without a system call."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        n = int(lib.clamor_worker_prefetch_rows(start, stride, row_bytes, ffi.from_buffer("int64_t[]", rows),
+                                                 len(rows), axis_len))  # fmt: skip
+        if n < 0:
+            raise IndexError(f"index out of bounds for an axis of length {axis_len}")
+        return n
 
     def touch(self, offset: int, length: int) -> None:
         """Fault in [offset, offset + length) now, e.g. before handing it to a system call."""
@@ -424,12 +437,13 @@ def worker_pager() -> WorkerPager | None:
 
 
 def _rows(n: int, index: Any) -> np.ndarray:
-    """The rows of an axis of length ``n`` that ``index`` selects, without building an
+    """The rows of an axis of length ``n`` that ``index`` selects (int64; negative and
+    out-of-bounds ones are the native side's to resolve and refuse), without building an
     ``arange(n)`` (a 10^8-row weight vector would cost 800 MB per call)."""
     if isinstance(index, slice):
         return np.arange(*index.indices(n))
     if isinstance(index, range):
-        index = np.arange(index.start, index.stop, index.step)
+        return np.arange(index.start, index.stop, index.step)
     idx = np.asarray(index)
     if idx.dtype == bool:
         if idx.shape != (n,):
@@ -437,10 +451,9 @@ def _rows(n: int, index: Any) -> np.ndarray:
         return np.flatnonzero(idx)
     if idx.dtype.kind not in "iu":
         raise IndexError(f"prefetch indices must be integers, a slice or a boolean mask, not {idx.dtype}")
-    idx = idx.ravel().astype(np.int64, copy=False)
-    if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):
+    if idx.dtype.kind == "u" and idx.size and int(idx.max()) >= n:  # would wrap around as int64
         raise IndexError(f"index out of bounds for an axis of length {n}")
-    return np.where(idx < 0, idx + n, idx)
+    return idx.ravel()
 
 
 def prefetch(array: np.ndarray, index: Any = None) -> int:
@@ -459,9 +472,11 @@ def prefetch(array: np.ndarray, index: Any = None) -> int:
     arena, it does nothing and returns 0. The pages count in the task's read set.
     """
     pager = _worker_pager
-    if pager is None or not isinstance(array, np.ndarray) or array.size == 0 or not pager.contains(array):
+    if pager is None or not isinstance(array, np.ndarray) or array.size == 0:
         return 0
-    start = array.__array_interface__["data"][0] - pager._bytes.__array_interface__["data"][0]
+    start = pager.offset_of(array)
+    if start is None:
+        return 0
     ps = pager.page_size
     if index is None or array.ndim == 0:
         low = sum(min(0, (n - 1) * st) for n, st in zip(array.shape, array.strides))
@@ -471,14 +486,5 @@ def prefetch(array: np.ndarray, index: Any = None) -> int:
     rows = _rows(array.shape[0], index)
     if rows.size == 0:
         return 0
-    row_bytes = max(1, array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64)))
-    begin = start + rows.astype(np.int64) * array.strides[0]
-    if row_bytes <= OS_PAGE < ps:  # small rows: just the OS pages they lie on
-        first, last = begin // OS_PAGE, (begin + row_bytes - 1) // OS_PAGE
-        return pager.prefetch_pieces(np.unique(np.concatenate([first, last])))
-    first, last = begin // ps, (begin + row_bytes - 1) // ps
-    if int((last - first).max()) <= 1:
-        pages = np.concatenate([first, last])
-    else:
-        pages = np.concatenate([np.arange(f, g + 1) for f, g in zip(first, last)])
-    return pager.prefetch(np.unique(pages))
+    row_bytes = max(1, array.itemsize * math.prod(array.shape[1:]))
+    return pager.prefetch_rows(start, array.strides[0], row_bytes, rows, array.shape[0])

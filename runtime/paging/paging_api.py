@@ -95,7 +95,8 @@ class WorkerPaging(Protocol):
         ...
 
     def invalidate(self, epoch: int, pages: list[int]) -> None:
-        """Drop cached copies of ``pages``: the driver wrote them before ``epoch``."""
+        """The driver wrote ``pages`` and sealed them for ``epoch``: drop cached copies
+        (mappings of the driver's own memory stay, at the new version)."""
         ...
 
     def stats(self) -> dict[str, int]:

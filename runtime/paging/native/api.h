@@ -206,9 +206,12 @@ void clamor_worker_set_cache_limit(uint64_t pages);
  * read set: mapped from the driver (same host), from the cache, or fetched from the driver
  * with many requests in flight. Returns how many are resident; the others fault as usual. */
 uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n);
-/* The same for the OS pages a task reads (sorted, unique OS page numbers within the
- * arena): on the driver's host only those are mapped, not whole arena pages. */
-uint64_t clamor_worker_prefetch_pieces(const uint64_t *pieces, uint64_t n);
+/* The same for the rows a task reads of an array at arena offset `start`: row r (of
+ * `axis_len`; a negative one counts from the end) is the `row_bytes` at start + r *
+ * stride. Rows of at most an OS page go by their OS pages, larger ones by arena pages;
+ * pages already mapped in place are skipped. -1: a row is out of bounds (nothing done). */
+int64_t clamor_worker_prefetch_rows(uint64_t start, int64_t stride, uint64_t row_bytes, const int64_t *rows,
+                                    uint64_t n, int64_t axis_len);
 
 /* ---------------------------------------------------------- checkpoints --
  * (runtime/data/checkpoint.py; issue 4 item 5) Save and re-create the arena's

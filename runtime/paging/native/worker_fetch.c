@@ -329,6 +329,7 @@ uint64_t fetch_missing(const uint64_t *missing, uint64_t m, uint32_t E, int mode
 
 uint64_t fetch_prefetch(const uint64_t *pages, uint64_t n) {
     uint32_t E = rs_epoch();
+    const uint64_t per = F.ps / (uint64_t)sysconf(_SC_PAGESIZE);
     uint64_t *missing = malloc(n * sizeof *missing), m = 0, done = 0;
     if (!missing) return 0;
     uint64_t limit = cache_limit();
@@ -337,6 +338,10 @@ uint64_t fetch_prefetch(const uint64_t *pages, uint64_t n) {
         uint64_t p = pages[i];
         uint32_t v, hi;
         if (p >= F.npages || (i && p <= pages[i - 1])) continue; /* sorted and unique only */
+        if (maps_has_pieces(p * per, per)) { /* mapped in place already: nothing to do */
+            done++;
+            continue;
+        }
         maps_mark_touched(p);
         if (maps_zero_copy() && maps_direct(p, E, 0, 0) == 0) {
             ADD(prefetched_pages, 1), done++;
@@ -370,6 +375,10 @@ uint64_t fetch_prefetch_pieces(const uint64_t *pieces, uint64_t n) {
         uint64_t p = pieces[i] / per;
         for (j = i + 1; j < n && pieces[j] == pieces[j - 1] + 1 && pieces[j] / per == p;) j++;
         if (p >= F.npages) break;
+        if (maps_has_pieces(pieces[i], j - i)) { /* mapped in place already */
+            if (p != last) done++, last = p;
+            continue;
+        }
         if (maps_zero_copy()) {
             maps_mark_touched(p);
             uint64_t at = (uint64_t)(uintptr_t)maps_base() + pieces[i] * os_page;
@@ -383,4 +392,40 @@ uint64_t fetch_prefetch_pieces(const uint64_t *pieces, uint64_t n) {
     if (k) done += fetch_prefetch(whole, k);
     free(whole);
     return done;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int64_t fetch_prefetch_rows(uint64_t start, int64_t stride, uint64_t row_bytes, const int64_t *rows, uint64_t n,
+                            int64_t axis_len) {
+    const uint64_t os_page = (uint64_t)sysconf(_SC_PAGESIZE);
+    const uint64_t unit = row_bytes <= os_page && os_page < F.ps ? os_page : F.ps;
+    uint64_t cap = 2 * n + 16, k = 0, *units = malloc(cap * sizeof *units);
+    if (!units) return 0;
+    for (uint64_t i = 0; i < n; i++) {
+        int64_t r = rows[i] < 0 ? rows[i] + axis_len : rows[i];
+        if (r < 0 || r >= axis_len) {
+            free(units);
+            return -1;
+        }
+        uint64_t at = (uint64_t)((int64_t)start + r * stride);
+        for (uint64_t u = at / unit, last = (at + row_bytes - 1) / unit; u <= last; u++) {
+            if (k == cap) {
+                uint64_t *more = realloc(units, 2 * cap * sizeof *units);
+                if (!more) break;
+                units = more, cap *= 2;
+            }
+            units[k++] = u;
+        }
+    }
+    qsort(units, k, sizeof *units, cmp_u64);
+    uint64_t m = 0;
+    for (uint64_t i = 0; i < k; i++)
+        if (!m || units[i] != units[m - 1]) units[m++] = units[i];
+    uint64_t done = !m ? 0 : unit == F.ps ? fetch_prefetch(units, m) : fetch_prefetch_pieces(units, m);
+    free(units);
+    return (int64_t)done;
 }

@@ -35,10 +35,13 @@ uint64_t fetch_missing(const uint64_t *pages, uint64_t n, uint32_t E, int mode);
 void fetch_maybe_read_ahead(uint64_t p, uint32_t E);
 void fetch_sort_pages(uint64_t *pages, uint64_t n);
 
-/* clamor_worker_prefetch and clamor_worker_prefetch_pieces (api.h) of a running pager,
+/* clamor_worker_prefetch (api.h), and the same for OS pages, of a running pager,
  * n > 0; they take the fetch lock. */
 uint64_t fetch_prefetch(const uint64_t *pages, uint64_t n);
 uint64_t fetch_prefetch_pieces(const uint64_t *pieces, uint64_t n);
+/* clamor_worker_prefetch_rows (api.h). */
+int64_t fetch_prefetch_rows(uint64_t start, int64_t stride, uint64_t row_bytes, const int64_t *rows, uint64_t n,
+                            int64_t axis_len);
 
 #pragma GCC visibility pop
 

@@ -41,6 +41,8 @@ static struct {
     uint8_t *private_page;    /* zero copy: 1 where the range maps the cache memfd instead */
     uint32_t *mapped_ver1;    /* zero copy: version + 1 of the page last counted as mapped */
     _Atomic uint64_t *mapped; /* zero copy: our bitmap of pages mapped from the driver (shared) */
+    _Atomic uint64_t *pieces; /* zero copy: per OS page of the range, mapped from the driver (a hint) */
+    uint64_t os_page;
     cl_zap_head *zap_head;    /* zero copy: the shoot-down area's head (shared with the driver) */
     cl_zap_slot *zap;         /* zero copy: our shoot-down slot (shared with the driver) */
     _Atomic uint32_t *maps;   /* zero copy: per page, mappings from the driver (shared) */
@@ -61,8 +63,9 @@ static int join_zap_area(const char *path, char *err, size_t errlen) {
                               (off_t)cl_zap_bits_offset(M.npages, worker_id()), (off_t)cl_zap_bits_bytes(M.npages)) == 0;
     if (fd >= 0) close(fd);
     M.private_page = calloc(M.npages, 1);
+    M.pieces = calloc(cl_zap_words(M.size / M.os_page), sizeof *M.pieces);
     M.mapped_ver1 = calloc(M.npages, sizeof *M.mapped_ver1);
-    if (area == MAP_FAILED || !M.private_page || !M.mapped_ver1)
+    if (area == MAP_FAILED || !M.private_page || !M.mapped_ver1 || !M.pieces)
         return CL_ERR("cannot map the driver's shoot-down area (%s): %s", path, strerror(errno));
     M.zap_head = cl_zap_head_of(area);
     M.zap = cl_zap_slot_of(area, worker_id());
@@ -76,7 +79,7 @@ static int join_zap_area(const char *path, char *err, size_t errlen) {
 
 int maps_init(uint64_t size, uint64_t ps, int zero_copy, const char *zap_path, char *err, size_t errlen) {
     memset(&M, 0, sizeof M);
-    M.size = size, M.ps = ps, M.npages = size / ps;
+    M.size = size, M.ps = ps, M.npages = size / ps, M.os_page = (uint64_t)sysconf(_SC_PAGESIZE);
     pthread_mutex_init(&M.map_lock, NULL);
     if (zero_copy && join_zap_area(zap_path, err, errlen)) return -1;
     M.ro = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, M.zero_copy ? conn_shm_fd() : cache_fd(), 0);
@@ -92,6 +95,38 @@ int maps_uffd(void) { return M.uffd; }
 int maps_zero_copy(void) { return M.zero_copy; }
 void maps_new_task(void) { atomic_store(&M.last_direct, UINT64_MAX); }
 
+/* ------------------------------------------- OS pages mapped in place -- */
+
+/* Bits [first, end) of the pieces bitmap: set (`on`), cleared, or whether all are set. */
+static int pieces_bits(uint64_t first, uint64_t end, int on, int test) {
+    for (uint64_t b = first; b < end;) {
+        uint64_t w = b >> 6, lo = b & 63, n = end - b < 64 - lo ? end - b : 64 - lo;
+        uint64_t mask = (n == 64 ? ~0ull : ((1ull << n) - 1)) << lo;
+        if (test) {
+            if ((atomic_load_explicit(&M.pieces[w], memory_order_relaxed) & mask) != mask) return 0;
+        } else if (on) {
+            atomic_fetch_or_explicit(&M.pieces[w], mask, memory_order_relaxed);
+        } else {
+            atomic_fetch_and_explicit(&M.pieces[w], ~mask, memory_order_relaxed);
+        }
+        b += n;
+    }
+    return 1;
+}
+
+/* Page p is no longer mapped from the driver (or never was): its bit and its pieces' go. */
+static void forget_direct(uint64_t p) {
+    atomic_fetch_and(&M.mapped[p >> 6], ~(1ull << (p & 63)));
+    const uint64_t per = M.ps / M.os_page;
+    pieces_bits(p * per, (p + 1) * per, 0, 0);
+}
+
+int maps_has_pieces(uint64_t first, uint64_t n) {
+    if (!M.zero_copy || !n) return 0;
+    uint64_t p = first / (M.ps / M.os_page);
+    return (atomic_load(&M.mapped[p >> 6]) & (1ull << (p & 63))) && pieces_bits(first, first + n, 0, 1);
+}
+
 /* ---------------------------------------------------------- the range -- */
 
 /* Maps a cached page into the read-only range and wakes its faulting threads.
@@ -106,10 +141,13 @@ void maps_new_task(void) { atomic_store(&M.last_direct, UINT64_MAX); }
  * set (the driver's memfd: a hole reads as zeros, and a driver write to it traps
  * like any other), else it fails. */
 static int try_map_range(uint64_t at, uint64_t end, int holes) {
-    const uint64_t piece = (uint64_t)sysconf(_SC_PAGESIZE);
+    const uint64_t piece = M.os_page, base = (uint64_t)(uintptr_t)M.ro;
     while (at < end) {
         struct uffdio_continue c = {.range = {at, end - at}};
-        if (ioctl(M.uffd, UFFDIO_CONTINUE, &c) == 0) return 0; /* mapped to the end, and woken */
+        if (ioctl(M.uffd, UFFDIO_CONTINUE, &c) == 0) { /* mapped to the end, and woken */
+            if (holes && M.pieces) pieces_bits((at - base) / piece, (end - base) / piece, 1, 0);
+            return 0;
+        }
         if (errno == EAGAIN && c.mapped > 0) {
             at += (uint64_t)c.mapped; /* stopped short at a mapped piece: EEXIST next */
         } else if (errno == EEXIST) {
@@ -170,7 +208,7 @@ static uint32_t claim_direct(uint64_t q, uint32_t E) {
     uint64_t s = conn_shm_state(q);
     if (!(s & 1) && (s >> 1) && (s >> 1) <= E) return (uint32_t)(s >> 1);
     if (before & bit) madvise(M.ro + q * M.ps, M.ps, MADV_DONTNEED);
-    atomic_fetch_and(&M.mapped[q >> 6], ~bit);
+    forget_direct(q);
     return 0;
 }
 
@@ -216,7 +254,7 @@ static int map_around(uint64_t p, uint32_t E) {
             int mapped = try_map_range(a, b, 1) == 0;
             if (start <= p && p < q) ok = mapped ? 0 : -1;
             if (!mapped)
-                for (uint64_t r = start; r < q; r++) atomic_fetch_and(&M.mapped[r >> 6], ~(1ull << (r & 63)));
+                for (uint64_t r = start; r < q; r++) forget_direct(r);
         }
         start = q + 1;
     }
@@ -240,7 +278,7 @@ int maps_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len) {
         was_private = M.private_page[p];
         if (!was_private || remap(p, conn_shm_fd()) == 0) {
             M.private_page[p] = 0;
-            const uint64_t os_page = (uint64_t)sysconf(_SC_PAGESIZE);
+            const uint64_t os_page = M.os_page;
             int first = !rs_seen_by_task(p); /* this task's first touch */
             count_direct(p, v, first);
             if (len && !was_private) {
@@ -257,7 +295,7 @@ int maps_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len) {
                 mapped = try_map(p, 1) == 0;
             }
         }
-        if (!mapped) atomic_fetch_and(&M.mapped[p >> 6], ~(1ull << (p & 63)));
+        if (!mapped) forget_direct(p);
     }
     pthread_mutex_unlock(&M.map_lock);
     if (!mapped) return -1;
@@ -293,7 +331,7 @@ static void *zap_main(void *arg) {
             pthread_mutex_lock(&M.map_lock);
             if (atomic_load(&M.mapped[p >> 6]) & bit) {
                 madvise(M.ro + p * M.ps, M.ps, MADV_DONTNEED);
-                atomic_fetch_and(&M.mapped[p >> 6], ~bit);
+                forget_direct(p);
                 ADD(shootdowns, 1);
             }
             pthread_mutex_unlock(&M.map_lock);
@@ -321,6 +359,7 @@ void maps_unmap_all(void) {
     if (touched) madvise(M.ro, touched * M.ps, MADV_DONTNEED);
     if (M.zero_copy) {
         for (uint64_t i = 0; i < cl_zap_words(touched); i++) atomic_store(&M.mapped[i], 0);
+        pieces_bits(0, touched * (M.ps / M.os_page), 0, 0);
         pthread_mutex_unlock(&M.map_lock);
     }
 }
@@ -363,7 +402,7 @@ uint64_t maps_invalidate_direct(const uint64_t *pages, uint64_t n, uint32_t epoc
             run = 0;
         }
         if (!mapped) continue;
-        atomic_fetch_and(&M.mapped[p >> 6], ~(1ull << (p & 63)));
+        forget_direct(p);
         outcome[i] = MAP_DROPPED;
         if (!run++) run_start = i;
     }

@@ -38,6 +38,10 @@ void maps_new_task(void);
  * it instead. `at`: the faulting address, 0 for the whole page; `len` > 0: map exactly
  * the OS pages of [at, at + len). */
 int maps_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len);
+/* Zero copy: whether the OS pages [first, first + n) of the range, all of one arena
+ * page, are mapped from the driver now (a hint for prefetch, which may then skip them: an
+ * unmapped one would fault as usual). */
+int maps_has_pieces(uint64_t first, uint64_t n);
 /* Maps page p from the cache (where it was just installed or found) and wakes the
  * threads faulting on it. */
 void maps_cached(uint64_t p);

@@ -221,8 +221,9 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
     return P.running && n ? fetch_prefetch(pages, n) : 0;
 }
 
-uint64_t clamor_worker_prefetch_pieces(const uint64_t *pieces, uint64_t n) {
-    return P.running && n ? fetch_prefetch_pieces(pieces, n) : 0;
+int64_t clamor_worker_prefetch_rows(uint64_t start, int64_t stride, uint64_t row_bytes, const int64_t *rows,
+                                    uint64_t n, int64_t axis_len) {
+    return P.running && n && row_bytes ? fetch_prefetch_rows(start, stride, row_bytes, rows, n, axis_len) : 0;
 }
 
 /* ----------------------------------------------------- tasks and stages -- */

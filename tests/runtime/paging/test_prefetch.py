@@ -213,3 +213,36 @@ def test_faults_of_several_threads_are_fetched_together():
         w = cluster.worker_stats()[0]
         assert w["pipelined_faults"] > 0, w  # some faults came in together
         assert w["faults"] >= w["pipelined_faults"]
+
+
+def test_a_second_prefetch_of_rows_mapped_in_place_maps_nothing_again(table, indices):
+    """Resident pages stay mapped across tasks: prefetching the same rows again finds
+    them mapped and skips them (they are still counted as resident)."""
+    rows = indices[::10]
+    with clamor.Cluster(workers=1, page_size=256 << 10) as cluster:
+        first = cluster.run(prefetch_then_gather, table, rows)
+        before = cluster.worker_stats()[0]
+        again = cluster.run(prefetch_then_gather, table, rows)
+        after = cluster.worker_stats()[0]
+    assert first == again and first[0] == gather(table, rows) and first[1] > 0
+    assert before["prefetched_pages"] == first[1]
+    assert after["prefetched_pages"] == before["prefetched_pages"]
+    assert after["faults"] == before["faults"] and after["soft_faults"] == before["soft_faults"]
+
+
+def test_prefetch_counts_negative_rows_from_the_end_and_refuses_rows_out_of_bounds(table):
+    def task(t: np.ndarray) -> list:
+        out = [clamor.prefetch(t, [-1]), clamor.prefetch(t, np.array([0, -len(t)]))]
+        for bad in ([len(t)], [-len(t) - 1], np.array([2**64 - 1], np.uint64)):
+            try:
+                clamor.prefetch(t, bad)
+                out.append("no error")
+            except IndexError as e:
+                out.append(str(e))
+        return out
+
+    with clamor.Cluster(workers=1, page_size=256 << 10) as cluster:
+        got = cluster.run(task, table)
+        assert got[:2] == [1, 1]
+        assert got[2:] == [f"index out of bounds for an axis of length {len(table)}"] * 3
+        assert cluster.run(gather, table, np.array([0, len(table) - 1])) == int(table[[0, -1]].sum())
