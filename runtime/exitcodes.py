@@ -15,6 +15,8 @@ EXIT_SETUP_FAILED = 72
 #: The fault handler could not get a page (the driver refused it, or the page cache is full).
 #: Declared in C too (api.h, CLAMOR_EXIT_PAGE_ERROR); a test checks they agree.
 EXIT_PAGE_ERROR = 73
+#: Dropping or advancing the pages the driver wrote failed: the worker's pages may be stale.
+EXIT_INVALIDATION_FAILED = 74
 
 _NAMES = {
     EXIT_OK: "clean shutdown",
@@ -22,6 +24,7 @@ _NAMES = {
     EXIT_DRIVER_REFUSED: "refused by the driver",
     EXIT_SETUP_FAILED: "worker set-up failed",
     EXIT_PAGE_ERROR: "a page could not be fetched",
+    EXIT_INVALIDATION_FAILED: "the driver's written pages could not be invalidated",
 }
 
 

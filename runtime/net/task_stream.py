@@ -256,6 +256,11 @@ class DriverLink:
         """Free partitions on the worker."""
         self._send(pb.DriverMessage(drop=list(keys)))
 
+    def invalidate(self, epoch: int, pages: list[int]) -> None:
+        """The driver wrote ``pages`` (sealed for ``epoch``): the worker drops or advances
+        them before it runs any attempt sent after this (one write, not a call)."""
+        self._send(pb.DriverMessage(invalidate=pb.InvalidateRequest(epoch=epoch, pages=pages)))
+
     def shut_down(self) -> bool:
         """Tell the worker to exit (the cluster is closing); False if the stream is not
         connected (then nothing was sent: the caller asks another way)."""

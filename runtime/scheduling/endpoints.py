@@ -83,9 +83,18 @@ class Endpoints:
         each, no reply awaited. The workers whose stream is not connected (told nothing)."""
         return [w for w in workers if (link := self.link(w)) is None or not link.shut_down()]
 
-    def invalidate(self, epoch: int, pages: list[int], workers: list[int]) -> None:
-        """Invalidate ``pages`` on every worker of ``workers``; one that fails is reported
-        unreachable."""
+    def invalidate(self, epoch: int, pages: list[int], workers: list[int], barrier: bool = False) -> None:
+        """Invalidate ``pages`` on every worker of ``workers``.
+
+        On a worker's task stream (its link), ahead of the attempts sent after it: nothing
+        is waited for. ``barrier``, and for a worker without a link: an ``Invalidate`` call
+        each, returning once every worker ran it between two attempts (so no attempt sent
+        before still runs); one that fails is reported unreachable."""
+        if not barrier:
+            links = {w: link for w in workers if (link := self.open_link(w)) is not None}
+            for link in links.values():
+                link.invalidate(epoch, pages)
+            workers = [w for w in workers if w not in links]
         request = pb.InvalidateRequest(epoch=epoch, pages=pages)
         workers = [w for w in workers if w in self._by_id]
         replies = call_each(lambda w: self._by_id[w].stub.Invalidate(request, timeout=60), workers)

@@ -395,7 +395,7 @@ class Executor:
             try:
                 if pages:
                     self.endpoints.invalidate(epoch, list(pages), live())
-                self._trim_versions(epoch, barrier_sent=bool(pages), live=live)
+                self._trim_versions(epoch, live)
                 stage_id = next(self._stage_ids)
                 run = _StageRun(program, epoch if stage.epoch is None else stage.epoch,
                                 concurrent.futures.Future(), stage.name, stage.recompute, stream)  # fmt: skip
@@ -518,17 +518,16 @@ class Executor:
             self.versions.pin(epoch)  # before the next stage can end and release it
         return epoch
 
-    def _trim_versions(self, epoch: int, barrier_sent: bool, live: Callable[[], list[int]]) -> None:
+    def _trim_versions(self, epoch: int, live: Callable[[], list[int]]) -> None:
         """Free the page versions no stage from here on reads (bounded version log).
 
         An attempt of an earlier stage may still run on a worker (cancelled ones finish on
-        their own); an ``Invalidate`` runs on each worker's task thread between attempts, so
-        once every worker has answered one, none is left.
+        their own); an ``Invalidate`` call runs on each worker's task thread between
+        attempts, so once every worker has answered one, none is left.
         """
         floor = self.versions.trimmable(epoch)
         if floor is not None:
-            if not barrier_sent:
-                self.endpoints.invalidate(epoch, [], live())
+            self.endpoints.invalidate(epoch, [], live(), barrier=True)
             self.versions.trim(floor)
 
     def value_of(self, result: TaskResult) -> Any:

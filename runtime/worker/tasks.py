@@ -22,6 +22,7 @@ import collections
 import dataclasses
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from typing import Any
 import grpc
 from clamor.runtime.credentials import Credentials
 from clamor.runtime.errors import ClamorError
+from clamor.runtime.exitcodes import EXIT_INVALIDATION_FAILED
 from clamor.runtime.net import shipping
 from clamor.runtime.net.messages import decode_key, encode_key
 from clamor.runtime.net.proto import clamor_pb2 as pb
@@ -151,6 +153,8 @@ class WorkerExecutor:
         if message.shutdown:
             self.shutdown.set()
             return
+        if message.HasField("invalidate"):
+            self._queue_invalidation(message.invalidate)
         for request in message.launches:
             self.launch(request, wake=False)
         if message.cancel:
@@ -210,6 +214,24 @@ class WorkerExecutor:
             except Exception:  # whatever unpickling a user key raises
                 logger.exception("the driver dropped a partition key that does not decode")
         self._store.drop(decoded)
+
+    def _queue_invalidation(self, request: pb.InvalidateRequest) -> None:
+        """Queue the driver's page invalidation behind the attempts queued so far (so before
+        those sent after it), without waiting. Should it fail, the worker must not run
+        another task on stale pages: it exits, and the driver reports it lost."""
+        epoch, pages = request.epoch, request.pages
+
+        def invalidate() -> None:
+            try:
+                self.paging.invalidate(epoch, pages)
+            except BaseException:
+                logger.critical("worker %d: invalidating %d written pages failed; exiting",
+                                self.worker_id, len(pages), exc_info=True)  # fmt: skip
+                os._exit(EXIT_INVALIDATION_FAILED)
+
+        with self._cond:
+            self._queue.append(_Exclusive(invalidate))
+            self._cond.notify_all()
 
     def exclusive(self, fn: Callable[[], None], timeout: float | None = None) -> None:
         """Run ``fn`` on the runner thread after the attempts queued so far, and wait.

@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 from clamor.runtime.cluster import Cluster
+from clamor.runtime.errors import ClamorError
 from clamor.runtime.launchers.local import LocalLauncher
 from clamor.runtime.paging.paging_api import PagingConfig, PagingInfo, PagingKind
 
@@ -20,7 +21,7 @@ from clamor.runtime.paging.read_sets import encode
 class RecordingPaging:
     def __init__(self, worker_id, config, token):
         self.worker_id, self.marker = worker_id, config.driver_host
-        self.epoch, self.invalidated = None, []
+        self.epoch, self.invalidated, self.late = None, [], 0
 
     def info(self):
         return PagingInfo(host=self.marker, page_port=self.worker_id + 1)
@@ -32,11 +33,12 @@ class RecordingPaging:
         return encode(np.array([self.worker_id], np.uint64), np.array([self.epoch], np.uint32))
 
     def invalidate(self, epoch, pages):
+        self.late += self.epoch is not None and self.epoch >= epoch  # a task of its stage ran first
         self.invalidated.append((epoch, list(pages)))
 
     def stats(self):  # counters only: one per page invalidated, named by epoch and page
         named = {f"invalidated_{e}_{p}": 1 for e, pages in self.invalidated for p in pages}
-        return {**named, "cached_pages": 7}
+        return {**named, "cached_pages": 7, "late_invalidations": self.late}
 """
 
 #: A worker whose table of pagings has the recording one under the arena's kind (the
@@ -153,6 +155,7 @@ def test_stage_protocol_drives_the_paging_seam(tmp_path):
         assert stats["page_size"] == 4096 and stats["stages_run"] == 4
         for w in stats["workers"]:
             assert invalidated(w) == [(1, [10, 11]), (3, [30, 31])]
+            assert w["late_invalidations"] == 0  # each reached the worker before its stage's tasks
             assert w["cached_pages"] == 7 and w["rss_bytes"] > 0
 
         c.kill_worker(1)
@@ -160,3 +163,23 @@ def test_stage_protocol_drives_the_paging_seam(tmp_path):
         c.run(abs, 1, worker=0)  # stage 5 invalidates the live worker only
         assert invalidated(c.worker_stats()[0])[-1] == (5, [50, 51])
     assert paging.events[-1] == ("close",)
+
+
+def test_a_worker_whose_invalidation_fails_exits_rather_than_run_on_stale_pages(tmp_path, caplog):
+    """The invalidation reaches the worker on its task stream, unanswered: should applying
+    it fail, the worker exits with its own status before any task of the stage runs, and
+    the driver names that as the reason it lost the worker."""
+    failing = RECORDING_PAGING + textwrap.dedent("""
+        def _fail(self, epoch, pages):
+            raise RuntimeError("cannot invalidate")
+
+        RecordingPaging.invalidate = _fail
+    """)
+    (tmp_path / "recording_paging.py").write_text(textwrap.dedent(failing))
+    (tmp_path / "recording_worker.py").write_text(textwrap.dedent(RECORDING_WORKER))
+    launcher = RecordingLauncher(str(tmp_path / "recording_worker.py"))
+    with Cluster(1, paging=RecordingDriverPaging(), launcher=launcher, timeout=30) as c:
+        with pytest.raises(ClamorError):
+            c.run(abs, 1, worker=0)  # epoch 1 invalidates pages 10 and 11
+        assert 0 not in c.workers
+    assert "the driver's written pages could not be invalidated" in caplog.text
