@@ -29,7 +29,8 @@ What each system runs (its documentation's recommended program):
   and the workers demand-page only the pages their queries touch. Cold: one ``Cluster``
   (its start-up and an sklearn-importing stage untimed) and a new tree built in the
   arena before each repetition (untimed, as every system's build), at addresses no
-  worker has read, while the old one is still alive: the workers keep their processes,
+  worker has read, while every earlier one is still alive (a freed tree's pages stay
+  mapped on the workers, which read a tree built there in place): the workers keep their processes,
   as the peers' workers do across their new puts and scatters. Steady: that cluster and
   the last tree.
 * **ray**: ``ray.init(num_cpus=WORKERS, object_store_memory=...)`` sized for 3 copies of
@@ -227,6 +228,7 @@ class ClamorRunner(Runner):
 
         self.clamor, self.net, self.cluster, self.points = clamor, net, None, points
         self.tree = self._arena_tree()
+        self.old_trees: list[Any] = []  # earlier cold passes' trees, kept alive (fresh)
         self.ref = self.tree.query(queries, k=K)
         self.transport = args.transport if net is None else "tcp"
         self.runs: dict[str, list[int]] = {"pages_fetched_runs": [], "pages_mapped_runs": [], "driver_bytes_runs": [],
@@ -245,7 +247,10 @@ class ClamorRunner(Runner):
             self.cluster = self.clamor.Cluster(workers=WORKERS, **options)
             self.fields["page_size"] = self.cluster.page_size
             self.cluster.run_stage([(w, _warm, ()) for w in self.cluster.workers])
-        else:  # a new tree, built while the old one lives: pages no worker has read
+        else:  # a new tree at addresses no worker has mapped: every earlier tree lives on
+            # (a freed tree's pages stay mapped on the workers, and a tree built there would
+            # be read in place at no fault: not a cold pass)
+            self.old_trees.append(self.tree)
             self.tree = self._arena_tree()
         self.calls = [(self.cluster.workers[i % WORKERS], _query, (self.tree, c)) for i, c in enumerate(self.chunks)]
 
