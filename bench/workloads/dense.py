@@ -19,13 +19,12 @@ and ``1 %`` with ``T`` tasks a worker, and ``100 %`` with 1 task a worker (not f
 broadcast; ``--no-single`` leaves it out), each as
 
 * **first pass**: from the table in the driver's memory to the last result, on a fresh
-  system (a new object reference, scatter, block or gather on the same workers; a new
-  table for Clamor; the start untimed): Clamor's workers fault in the pages the stage
-  touches (no ``clamor.prefetch``): the first time on a new cluster, made after the
-  table, then, on the same cluster, a new arena table built (untimed) at arena addresses
-  no worker has mapped (the blocks of freed tables, whose pages the workers still map,
-  are held unwritten while it is allocated), so its pages are new to every worker, as a
-  peer's new put is; Ray
+  system (a new object reference, scatter, block or gather on the same workers; new
+  workers for Clamor; the start untimed): Clamor's workers fault in the pages the stage
+  touches (no ``clamor.prefetch``), each time on a new cluster (started and warmed up
+  on a one-page-a-worker table, untimed), so the table's pages are new to every worker,
+  as a peer's new put is (a new table on the same cluster could land on a freed table's
+  addresses, which the workers still map and read in place); Ray
   ``ray.put(table)`` and the tasks on the reference (``ray.init(num_cpus=W)``, an object
   store of twice the table; one Ray instance a child, so after its first put a put
   reuses store pages already allocated); Dask ``client.scatter(table, broadcast=True)``
@@ -82,7 +81,6 @@ from peers import (
     _shm_init,
     _shm_view,
     family,
-    fill_table,
     find,
     fmt_bytes,
     make_table,
@@ -275,45 +273,26 @@ class ClamorSystem(System):
 
     def __init__(self, p: dict) -> None:
         super().__init__(p)
-        from clamor.runtime.paging.arena import arena_offset
-
         import clamor
 
-        self.clamor, self.arena_offset = clamor, arena_offset
-        # Room for a table at new addresses for every first pass (fresh() below): the
-        # arena is reserved address space over a sparse memfd, free until written.
-        tables = p["first_repeat"] * len(specs("clamor", p)) + 3
-        clamor.configure(page_size=p["page_size"], arena_size=max(32 << 30, tables * p["table_bytes"] + (1 << 30)))
+        self.clamor = clamor
+        clamor.configure(page_size=p["page_size"])
         self.cluster = None
         self.small = None
-        self.seen_end = 0  # every table the workers may have mapped lies below this arena offset
 
     def make_table(self) -> np.ndarray:
         self.table = make_table(self.n, arena=True)  # in the arena before any cluster exists
         self.small = make_table(self.p["page_size"] // 8 * self.w, arena=True)
-        self.seen_end = max(self._end(self.table), self._end(self.small))
         return self.table
 
-    def _end(self, a: np.ndarray) -> int:
-        return self.arena_offset(a) + a.nbytes
-
     def fresh(self) -> None:
+        # Workers that have mapped none of the table's pages: a new cluster, warmed up on
+        # the small table. A new table on the old cluster cannot promise that: the arena
+        # reuses a freed table's addresses, whose pages the workers still map, and they
+        # read a table written there in place at no fault (a repeat pass, not a first);
+        # holding freed blocks instead would grow the driver's memory by a table a pass.
         if self.cluster is not None:
-            # A new table (the same values) at addresses no worker has mapped. A freed
-            # table's pages stay mapped on the workers, and a table written there is read
-            # in place at no fault (the driver's bytes, a new version): a repeat pass, not a
-            # first one. So arena blocks below every table seen are held (unwritten: no
-            # memory) until the arena hands out new addresses, then let go.
-            held = []
-            while True:
-                table = self.clamor.empty(self.n, np.int64)
-                if self._end(table) - table.nbytes >= self.seen_end:
-                    break
-                held.append(table)
-            del held
-            self.table = fill_table(table)
-            self.seen_end = self._end(table)
-            return
+            self.cluster.close()
         t0 = time.perf_counter()
         self.cluster = self.clamor.Cluster(workers=self.w, page_size=self.p["page_size"],
                                            read_sets=self.read_sets)
