@@ -178,7 +178,8 @@ def test_a_worker_whose_invalidation_fails_exits_rather_than_run_on_stale_pages(
     (tmp_path / "recording_paging.py").write_text(textwrap.dedent(failing))
     (tmp_path / "recording_worker.py").write_text(textwrap.dedent(RECORDING_WORKER))
     launcher = RecordingLauncher(str(tmp_path / "recording_worker.py"))
-    with Cluster(1, paging=RecordingDriverPaging(), launcher=launcher, timeout=30) as c:
+    # restarts=0: no replacement starts (with the same failing paging) as the cluster closes
+    with Cluster(1, paging=RecordingDriverPaging(), launcher=launcher, timeout=30, restarts=0) as c:
         with pytest.raises(ClamorError):
             c.run(abs, 1, worker=0)  # epoch 1 invalidates pages 10 and 11
         assert 0 not in c.workers
