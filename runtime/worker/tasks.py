@@ -229,9 +229,15 @@ class WorkerExecutor:
                                 self.worker_id, len(pages), exc_info=True)  # fmt: skip
                 os._exit(EXIT_INVALIDATION_FAILED)
 
+        self._queue_exclusive(invalidate)
+
+    def _queue_exclusive(self, fn: Callable[[], None]) -> _Exclusive:
+        """Queue ``fn`` for the runner thread behind the items queued so far."""
+        item = _Exclusive(fn)
         with self._cond:
-            self._queue.append(_Exclusive(invalidate))
+            self._queue.append(item)
             self._cond.notify_all()
+        return item
 
     def exclusive(self, fn: Callable[[], None], timeout: float | None = None) -> None:
         """Run ``fn`` on the runner thread after the attempts queued so far, and wait.
@@ -239,10 +245,7 @@ class WorkerExecutor:
         Page invalidations go this way: they never overlap a running task, and
         attempts launched after them see the invalidated pages.
         """
-        item = _Exclusive(fn)
-        with self._cond:
-            self._queue.append(item)
-            self._cond.notify_all()
+        item = self._queue_exclusive(fn)
         if not item.done.wait(timeout):
             raise TimeoutError(f"worker {self.worker_id} is busy with a task that does not end")
         if item.error is not None:

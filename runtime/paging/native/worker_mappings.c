@@ -212,19 +212,23 @@ static uint32_t claim_direct(uint64_t q, uint32_t E) {
     return 0;
 }
 
+/* Page q shows version v in place: counted as mapped if that version is new to it (like
+ * a fetch). 1: it was. */
+static int count_version(uint64_t q, uint32_t v) {
+    if (M.mapped_ver1[q] == v + 1) return 0;
+    M.mapped_ver1[q] = v + 1;
+    atomic_fetch_add_explicit(&M.zap->maps, 1, memory_order_relaxed);
+    ADD(pages_mapped, 1);
+    return 1;
+}
+
 /* Page q, claimed at version v, is recorded and counted: before the mapping wakes the
  * task, which may then end and report at once. */
 static void count_direct(uint64_t q, uint32_t v, int first) {
     rs_record(q, v, CL_OPEN_ENDED);
     maps_mark_touched(q);
     if (first) atomic_fetch_add_explicit(&M.maps[q], 1, memory_order_relaxed); /* hotness */
-    if (M.mapped_ver1[q] != v + 1) { /* a version mapped for the first time, like a fetch */
-        M.mapped_ver1[q] = v + 1;
-        atomic_fetch_add_explicit(&M.zap->maps, 1, memory_order_relaxed);
-        ADD(pages_mapped, 1);
-    } else {
-        ADD(soft_faults, 1);
-    }
+    if (!count_version(q, v)) ADD(soft_faults, 1);
 }
 
 /* Fault-around (resident mode): maps page p, claimed at epoch E, and, once the block is
@@ -375,19 +379,15 @@ static int advance_direct(uint64_t p, uint32_t epoch) {
     uint64_t s = conn_shm_state(p);
     uint32_t v = (uint32_t)(s >> 1);
     if ((s & 1) || !v || v > epoch || rs_advance(p, v)) return 0;
-    if (M.mapped_ver1[p] != v + 1) {
-        M.mapped_ver1[p] = v + 1;
-        atomic_fetch_add_explicit(&M.zap->maps, 1, memory_order_relaxed);
-        ADD(pages_mapped, 1);
-    }
+    count_version(p, v);
     ADD(updated_in_place, 1);
     return 1;
 }
 
-uint64_t maps_invalidate_direct(const uint64_t *pages, uint64_t n, uint32_t epoch, uint8_t *outcome) {
+void maps_invalidate_direct(const uint64_t *pages, uint64_t n, uint32_t epoch, uint8_t *outcome) {
     memset(outcome, MAP_UNTOUCHED, n);
-    if (!M.zero_copy) return 0;
-    uint64_t dropped = 0, run_start = 0, run = 0; /* pages[run_start..+run) go, consecutive */
+    if (!M.zero_copy) return;
+    uint64_t run_start = 0, run = 0; /* pages[run_start..+run) go, consecutive */
     pthread_mutex_lock(&M.map_lock);
     for (uint64_t i = 0; i <= n; i++) {
         uint64_t p = i < n ? pages[i] : UINT64_MAX;
@@ -398,7 +398,6 @@ uint64_t maps_invalidate_direct(const uint64_t *pages, uint64_t n, uint32_t epoc
         }
         if (run && (!mapped || p != pages[run_start] + run)) { /* the run ends before i */
             madvise(M.ro + pages[run_start] * M.ps, run * M.ps, MADV_DONTNEED);
-            dropped += run;
             run = 0;
         }
         if (!mapped) continue;
@@ -407,7 +406,6 @@ uint64_t maps_invalidate_direct(const uint64_t *pages, uint64_t n, uint32_t epoc
         if (!run++) run_start = i;
     }
     pthread_mutex_unlock(&M.map_lock);
-    return dropped;
 }
 
 int maps_start_shootdowns(char *err, size_t errlen) {

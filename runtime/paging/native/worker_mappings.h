@@ -55,8 +55,8 @@ enum { MAP_UNTOUCHED, MAP_DROPPED, MAP_ADVANCED };
  * shows the new bytes, which are the current version (MAP_ADVANCED, the read set
  * follows). Others mapped from the driver (a private copy, or not yet the version
  * sealed) are unmapped, one madvise for each run of consecutive pages (MAP_DROPPED); the rest are
- * MAP_UNTOUCHED. outcome[i] says which; the number dropped. */
-uint64_t maps_invalidate_direct(const uint64_t *pages, uint64_t n, uint32_t epoch, uint8_t *outcome);
+ * MAP_UNTOUCHED. outcome[i] says which. */
+void maps_invalidate_direct(const uint64_t *pages, uint64_t n, uint32_t epoch, uint8_t *outcome);
 
 #pragma GCC visibility pop
 
