@@ -329,6 +329,7 @@ class WorkerPager:
         lib.clamor_worker_set_cache_limit(self.cache_limit_pages)
         lib.clamor_worker_set_exact_read_sets(int(config.read_sets == "exact"))
         self._read_set: tuple[int, bytes] = (0, b"")  # (generation, runs) of the last end_task
+        self._runs_room = 1024  # runs the next resident read set is given room for (grows)
         base = lib.clamor_worker_base()
         view = np.frombuffer(ffi.buffer(base, self.arena_size), dtype=np.uint8)
         view.flags.writeable = False
@@ -351,6 +352,10 @@ class WorkerPager:
         generation = int(lib.clamor_worker_read_set_generation())
         if generation and generation == self._read_set[0]:
             return self._read_set[1]
+        if generation:  # resident mode: the runs come packed from the native side
+            runs = self._resident_runs()
+            self._read_set = (generation, runs)
+            return runs
         n = int(lib.clamor_worker_end_task(ffi.NULL, ffi.NULL, 0))
         if n == 0:  # a task that read no arena page: nothing to encode (tiny tasks)
             runs = b""
@@ -359,12 +364,21 @@ class WorkerPager:
             n = min(n, int(lib.clamor_worker_end_task(pages, versions, n)))
             p = np.frombuffer(ffi.buffer(pages, 8 * n), dtype=np.uint64)
             v = np.frombuffer(ffi.buffer(versions, 4 * n), dtype=np.uint32)
-            if not generation:  # exact mode: in the order first touched
-                order = np.argsort(p, kind="stable")
-                p, v = p[order], v[order]
-            runs = read_sets.encode(p, v)
+            order = np.argsort(p, kind="stable")  # exact mode: in the order first touched
+            runs = read_sets.encode(p[order], v[order])
         self._read_set = (generation, runs)
         return runs
+
+    def _resident_runs(self) -> bytes:
+        """The resident read set as :data:`read_sets.RUN` records, one pass in C (the set
+        can span every page of a large array: encoding it page by page here cost a
+        millisecond a task)."""
+        while True:
+            buf = np.empty(2 * self._runs_room, np.uint64)
+            n = int(lib.clamor_worker_resident_runs(ffi.from_buffer("uint64_t[]", buf), self._runs_room))
+            if n <= self._runs_room:
+                return buf[: 2 * max(n, 0)].tobytes()
+            self._runs_room = 2 * n
 
     def invalidate(self, epoch: int, pages: Sequence[int]) -> None:
         buf = np.fromiter(pages, np.uint64, len(pages))

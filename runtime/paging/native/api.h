@@ -192,6 +192,11 @@ void clamor_worker_begin_task(uint32_t epoch);
 /* The running (or last) task's read set, sorted by page in resident mode: fills up to `cap`
  * pairs and returns how many there are. */
 uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t cap);
+/* Resident mode: the resident read set as runs of consecutive pages at one version, two
+ * words a run (the first page; the count | the version << 32: read_sets.RUN's layout on a
+ * little-endian machine). Fills up to `cap` runs and returns how many there are; -1 in
+ * exact mode (use clamor_worker_end_task). */
+int64_t clamor_worker_resident_runs(uint64_t *runs, uint64_t cap);
 /* Resident mode: a number that changes whenever the resident read set does (0 in exact
  * mode), so that an unchanged set need not be read and encoded again. */
 uint64_t clamor_worker_read_set_generation(void);

@@ -140,6 +140,21 @@ uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t ca
     return n;
 }
 
+int64_t clamor_worker_resident_runs(uint64_t *runs, uint64_t cap) {
+    pthread_mutex_lock(&R.lock);
+    int64_t n = R.exact ? -1 : 0;
+    for (uint64_t p = 0; n >= 0 && p < R.res_end; p++) {
+        uint32_t v1 = R.res_ver1[p];
+        if (!v1) continue;
+        uint64_t first = p;
+        while (p + 1 < R.res_end && R.res_ver1[p + 1] == v1 && p + 1 - first < UINT32_MAX) p++;
+        if ((uint64_t)n < cap) runs[2 * n] = first, runs[2 * n + 1] = (p + 1 - first) | (uint64_t)(v1 - 1) << 32;
+        n++;
+    }
+    pthread_mutex_unlock(&R.lock);
+    return n;
+}
+
 uint64_t clamor_worker_read_set_generation(void) {
     pthread_mutex_lock(&R.lock);
     uint64_t g = R.exact ? 0 : R.res_gen;

@@ -91,6 +91,19 @@ def test_a_write_between_stages_is_read_by_the_next_stage_and_unmaps_one_page(cl
     assert after["unmap_all"] == before["unmap_all"]
 
 
+def test_a_resident_read_set_travels_as_maximal_runs_split_where_a_version_changes(cluster, table):
+    cluster.run_stage([(0, lookups, (table, 11, 20_000))])  # every table page resident on worker 0
+    k = 50 * PER
+    table[k] = -5  # its page gets the next stage's version; its neighbours keep theirs
+    assert cluster.run(lambda a, i: int(a[i]), table, k, worker=0) == -5
+    read_set = cluster.last_read_sets[0]
+    page = next(iter(pages_of(table, [k])))
+    versions = dict(zip(read_set.pages().tolist(), read_set.versions().tolist()))
+    assert versions[page] == cluster.last_epoch
+    assert versions[page - 1] < cluster.last_epoch and versions[page + 1] < cluster.last_epoch
+    assert read_set.runs == len(encode(read_set.pages(), read_set.versions())) // 16  # none split needlessly
+
+
 def test_a_replay_at_an_older_epoch_reads_old_bytes_then_the_current_stage_new_ones(cluster, table):
     k = 70 * PER + 5
     assert cluster.run(lambda a, i: int(a[i]), table, k, worker=1) == 7 * k + 3
