@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -162,3 +165,43 @@ def test_a_call_that_cannot_be_pickled_is_named_among_many():
     calls = [(abs, (-1,), None), (abs, (-2,), None), (len, (lock,), None)]
     with pytest.raises(clamor.SerializationError, match="argument 0"):
         shipping.pack_calls(calls)
+
+
+def _scan_for_submodules(code, packages) -> set[str]:
+    """cloudpickle's rule, as cloudpickle applies it (a scan of every imported module): a
+    submodule of a package the function names counts when each part of its name after
+    the package's is a name in the code."""
+    found = set()
+    for package in packages:
+        if isinstance(package, types.ModuleType) and getattr(package, "__package__", None):
+            prefix = package.__name__ + "."
+            found |= {name for name in list(sys.modules)
+                      if name.startswith(prefix) and set(name[len(prefix):].split(".")) <= set(code.co_names)}  # fmt: skip
+    return found
+
+
+def test_a_function_by_value_takes_the_submodules_its_code_reaches_as_cloudpickle_would():
+    import concurrent.futures
+    import email.mime.text  # imported, but the function never names mime
+    import xml.etree.ElementTree
+
+    scope = {"concurrent": concurrent, "xml": xml, "email": email, "np": np, "math": math}
+    exec("def f():\n    return (concurrent.futures.Future, xml.etree.ElementTree.Element,\n"  # noqa: S102 - a cell
+         "            np.linalg.norm, email.utils, math.pi)", scope)  # fmt: skip
+    code, packages = scope["f"].__code__, [concurrent, xml, email, np, math]
+    found = {m.__name__ for m in shipping._imported_submodules(code, packages)}
+    assert found == _scan_for_submodules(code, packages)
+    assert {"concurrent.futures", "xml.etree", "xml.etree.ElementTree", "numpy.linalg"} <= found
+    assert "email.mime.text" not in found
+
+
+def test_a_function_using_a_submodule_its_package_does_not_import_runs_in_a_fresh_interpreter():
+    import xml.etree.ElementTree
+
+    scope = {"xml": xml, "__name__": "__main__"}
+    exec("def f():\n    return xml.etree.ElementTree.fromstring('<a>7</a>').text", scope)  # noqa: S102 - a cell
+    payload = shipping.dumps(scope["f"])
+    run = subprocess.run([sys.executable, "-c", "import pickle, sys; print(pickle.loads(sys.stdin.buffer.read())())"],
+                         input=payload, capture_output=True, timeout=60, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stdout.decode().strip() == "7"
