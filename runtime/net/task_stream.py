@@ -100,6 +100,11 @@ def frame(kind: int, body: bytes = b"") -> bytes:
     return HEADER.pack(len(body), kind) + body
 
 
+def invalidation_frame(request: pb.InvalidateRequest) -> bytes:
+    """``request`` as the frame of a DriverMessage, built once for every stream it goes on."""
+    return frame(MESSAGE, pb.DriverMessage(invalidate=request).SerializeToString())
+
+
 def end_frame(code: grpc.StatusCode, why: str) -> bytes:
     return frame(END, f"{code.name} {why}".encode())
 
@@ -256,10 +261,10 @@ class DriverLink:
         """Free partitions on the worker."""
         self._send(pb.DriverMessage(drop=list(keys)))
 
-    def invalidate(self, epoch: int, pages: list[int]) -> None:
-        """The driver wrote ``pages`` (sealed for ``epoch``): the worker drops or advances
-        them before it runs any attempt sent after this (one write, not a call)."""
-        self._send(pb.DriverMessage(invalidate=pb.InvalidateRequest(epoch=epoch, pages=pages)))
+    def invalidate(self, message: bytes) -> None:
+        """Send an :func:`invalidation_frame`: the worker drops or advances its pages
+        before it runs any attempt sent after this (one write, not a call)."""
+        self._put(message, 0)
 
     def shut_down(self) -> bool:
         """Tell the worker to exit (the cluster is closing); False if the stream is not

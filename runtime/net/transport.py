@@ -45,7 +45,9 @@ _refusals = RateLimitedLog(logger)
 #: 7: the control plane is typed: partition keys (PartitionKey), a worker's configuration
 #: (WorkerConfig), info (WorkerInfo) and stats (WorkerStats), and the Observer's snapshots
 #: and stats (QueryReply) travel as messages, not pickles.
-PROTOCOL_VERSION = "7"
+#: 8: page invalidations travel on the task stream too (DriverMessage.invalidate), their
+#: pages packed as little-endian uint64s (InvalidateRequest.pages).
+PROTOCOL_VERSION = "8"
 PROTOCOL_METADATA_KEY = "x-clamor-protocol"
 
 #: Largest gRPC message sent or received, either way.

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import socket
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -152,14 +151,14 @@ class DriverPager:
         if lib.clamor_driver_set_peer(worker_id, info.host.encode(), int(info.page_port)):
             raise PagingError(f"worker {worker_id}: bad page server address {info.host}:{info.page_port}")
 
-    def begin_stage(self) -> tuple[int, list[int]]:
+    def begin_stage(self) -> tuple[int, np.ndarray]:
         self._check_open()
         epoch = int(lib.clamor_driver_begin_stage())
         n = int(lib.clamor_driver_invalidated(ffi.NULL, 0))
         pages = np.empty(n, np.uint64)
         if n:
             lib.clamor_driver_invalidated(ffi.from_buffer("uint64_t[]", pages), n)
-        return epoch, pages.tolist()
+        return epoch, pages
 
     def end_stage(self) -> None:
         lib.clamor_driver_end_stage()
@@ -380,8 +379,8 @@ class WorkerPager:
                 return buf[: 2 * max(n, 0)].tobytes()
             self._runs_room = 2 * n
 
-    def invalidate(self, epoch: int, pages: Sequence[int]) -> None:
-        buf = np.fromiter(pages, np.uint64, len(pages))
+    def invalidate(self, epoch: int, pages: np.ndarray) -> None:
+        buf = np.ascontiguousarray(pages, np.uint64)
         lib.clamor_worker_invalidate(epoch, ffi.from_buffer("uint64_t[]", buf), len(buf))
 
     def stats(self) -> dict:

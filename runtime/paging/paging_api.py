@@ -7,7 +7,7 @@ The ``Null*`` classes are the do-nothing versions used when no arena is shared.
 Stage protocol, as run by :meth:`clamor.runtime.cluster.Cluster.run_stage`::
 
     epoch, pages = driver_paging.begin_stage()       # new epoch, pages to invalidate
-    if pages: every live worker: worker_paging.invalidate(epoch, pages)
+    if len(pages): every live worker: worker_paging.invalidate(epoch, pages)
     each task on its worker:
         worker_paging.begin_task(task_epoch)           # task_epoch = epoch, or older on replay
         ... run the task ...
@@ -94,8 +94,8 @@ class WorkerPaging(Protocol):
         packs it: runs of ``(first page, count, version)`` (may be a superset of what it touched)."""
         ...
 
-    def invalidate(self, epoch: int, pages: list[int]) -> None:
-        """The driver wrote ``pages`` and sealed them for ``epoch``: drop cached copies
+    def invalidate(self, epoch: int, pages: np.ndarray) -> None:
+        """The driver wrote ``pages`` (uint64) and sealed them for ``epoch``: drop cached copies
         (mappings of the driver's own memory stay, at the new version)."""
         ...
 
@@ -118,8 +118,8 @@ class DriverPaging(Protocol):
         """The worker built its paging; ``info`` is its ``WorkerPaging.info()``."""
         ...
 
-    def begin_stage(self) -> tuple[int, list[int]]:
-        """A stage starts: return the new epoch and the pages to invalidate on workers."""
+    def begin_stage(self) -> tuple[int, np.ndarray]:
+        """A stage starts: return the new epoch and the pages to invalidate on workers (uint64)."""
         ...
 
     def end_stage(self) -> None:
@@ -177,7 +177,7 @@ class NullWorkerPaging:
     def end_task(self) -> bytes:
         return b""
 
-    def invalidate(self, epoch: int, pages: list[int]) -> None:
+    def invalidate(self, epoch: int, pages: np.ndarray) -> None:
         pass
 
     def stats(self) -> dict[str, int]:
@@ -196,9 +196,9 @@ class NullDriverPaging:
     def worker_ready(self, worker_id: int, info: PagingInfo) -> None:
         pass
 
-    def begin_stage(self) -> tuple[int, list[int]]:
+    def begin_stage(self) -> tuple[int, np.ndarray]:
         self.epoch += 1
-        return self.epoch, []
+        return self.epoch, np.empty(0, np.uint64)
 
     def end_stage(self) -> None:
         pass

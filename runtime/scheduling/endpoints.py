@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
+import numpy as np
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.net.calls import call_each
-from clamor.runtime.net.messages import encode_key
+from clamor.runtime.net.messages import encode_key, invalidation
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
-from clamor.runtime.net.task_stream import DriverLink
+from clamor.runtime.net.task_stream import DriverLink, invalidation_frame
 from clamor.runtime.stage import PartitionKey
 from clamor.runtime.storage.bulk import BulkClient, fetch_partition
 
@@ -83,19 +84,22 @@ class Endpoints:
         each, no reply awaited. The workers whose stream is not connected (told nothing)."""
         return [w for w in workers if (link := self.link(w)) is None or not link.shut_down()]
 
-    def invalidate(self, epoch: int, pages: list[int], workers: list[int], barrier: bool = False) -> None:
+    def invalidate(self, epoch: int, pages: Sequence[int] | np.ndarray, workers: list[int],
+                   barrier: bool = False) -> None:  # fmt: skip
         """Invalidate ``pages`` on every worker of ``workers``.
 
         On a worker's task stream (its link), ahead of the attempts sent after it: nothing
-        is waited for. ``barrier``, and for a worker without a link: an ``Invalidate`` call
-        each, returning once every worker ran it between two attempts (so no attempt sent
-        before still runs); one that fails is reported unreachable."""
+        is waited for, and the message is built once for all of them. ``barrier``, and for a
+        worker without a link: an ``Invalidate`` call each, returning once every worker ran
+        it between two attempts (so no attempt sent before still runs); one that fails is
+        reported unreachable."""
+        request = invalidation(epoch, pages)
         if not barrier:
             links = {w: link for w in workers if (link := self.open_link(w)) is not None}
+            message = invalidation_frame(request) if links else b""
             for link in links.values():
-                link.invalidate(epoch, pages)
+                link.invalidate(message)
             workers = [w for w in workers if w not in links]
-        request = pb.InvalidateRequest(epoch=epoch, pages=pages)
         workers = [w for w in workers if w in self._by_id]
         replies = call_each(lambda w: self._by_id[w].stub.Invalidate(request, timeout=60), workers)
         for worker, reply in zip(workers, replies):

@@ -393,8 +393,8 @@ class Executor:
             epoch, pages = self._paging.begin_stage()
             self.stages_run += 1
             try:
-                if pages:
-                    self.endpoints.invalidate(epoch, list(pages), live())
+                if len(pages):
+                    self.endpoints.invalidate(epoch, pages, live())
                 self._trim_versions(epoch, live)
                 stage_id = next(self._stage_ids)
                 run = _StageRun(program, epoch if stage.epoch is None else stage.epoch,
@@ -511,8 +511,8 @@ class Executor:
         with self._stage_lock:
             epoch, pages = self._paging.begin_stage()
             try:
-                if pages:
-                    self.endpoints.invalidate(epoch, list(pages), live())
+                if len(pages):
+                    self.endpoints.invalidate(epoch, pages, live())
             finally:
                 self._paging.end_stage()
             self.versions.pin(epoch)  # before the next stage can end and release it

@@ -46,6 +46,7 @@ from clamor.runtime.exitcodes import (
 )
 from clamor.runtime.net.messages import (
     decode_key,
+    invalidated_pages,
     paging_config,
     spill_policy,
     worker_info_message,
@@ -125,7 +126,10 @@ class WorkerServicer(pb_grpc.WorkerServicer):
 
     def Invalidate(self, request, context):
         executor = self._ready(context)
-        pages = list(request.pages)
+        try:
+            pages = invalidated_pages(request)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         executor.exclusive(lambda: executor.paging.invalidate(request.epoch, pages), timeout=50)
         return pb.InvalidateReply()
 

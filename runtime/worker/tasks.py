@@ -34,7 +34,7 @@ from clamor.runtime.credentials import Credentials
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.exitcodes import EXIT_INVALIDATION_FAILED
 from clamor.runtime.net import shipping
-from clamor.runtime.net.messages import decode_key, encode_key
+from clamor.runtime.net.messages import decode_key, encode_key, invalidated_pages
 from clamor.runtime.net.proto import clamor_pb2 as pb
 from clamor.runtime.net.proto import clamor_pb2_grpc as pb_grpc
 from clamor.runtime.net.shipping import encode_exception
@@ -219,14 +219,12 @@ class WorkerExecutor:
         """Queue the driver's page invalidation behind the attempts queued so far (so before
         those sent after it), without waiting. Should it fail, the worker must not run
         another task on stale pages: it exits, and the driver reports it lost."""
-        epoch, pages = request.epoch, request.pages
-
         def invalidate() -> None:
             try:
-                self.paging.invalidate(epoch, pages)
+                self.paging.invalidate(request.epoch, invalidated_pages(request))
             except BaseException:
-                logger.critical("worker %d: invalidating %d written pages failed; exiting",
-                                self.worker_id, len(pages), exc_info=True)  # fmt: skip
+                logger.critical("worker %d: invalidating the pages written before epoch %d failed; exiting",
+                                self.worker_id, request.epoch, exc_info=True)  # fmt: skip
                 os._exit(EXIT_INVALIDATION_FAILED)
 
         self._queue_exclusive(invalidate)

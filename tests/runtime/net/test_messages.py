@@ -94,3 +94,14 @@ def test_a_workers_stats_round_trip_as_counters():
     assert messages.worker_stats(wire.stats) == {**stats, "faults": 3, "zero": 0}
     with pytest.raises(TypeError, match="'ratio' is not an integer"):
         messages.worker_stats_message({"ratio": 0.5})
+
+
+def test_an_invalidation_carries_its_pages_packed_and_a_torn_one_is_refused():
+    pages = np.array([0, 7, 2**40, 2**64 - 1], np.uint64)
+    message = messages.invalidation(9, pages)
+    assert len(message.pages) == 8 * len(pages)  # 8 bytes a page, not a varint each
+    wire = pb.InvalidateRequest.FromString(message.SerializeToString())
+    assert wire.epoch == 9 and messages.invalidated_pages(wire).tolist() == pages.tolist()
+    assert messages.invalidated_pages(messages.invalidation(3, [5, 6])).tolist() == [5, 6]  # a list too
+    with pytest.raises(ValueError, match="not whole uint64s"):
+        messages.invalidated_pages(pb.InvalidateRequest(epoch=1, pages=b"\x01" * 12))

@@ -54,7 +54,7 @@ def test_pages_are_served_at_the_requested_epoch(pager, data):
         data[len(data) // 4 + 10] = -5.0  # a write to page p after the barrier
         epoch2, invalidated = pager.begin_stage()
         pager.end_stage()
-        assert invalidated == []  # nobody but an anonymous client held it
+        assert invalidated.tolist() == []  # nobody but an anonymous client held it
         (new,) = c.get(p, epoch2)
         (again_old,) = c.get(p, epoch1)
         assert new.epoch == epoch2 and new.data != old
