@@ -47,6 +47,7 @@ _EXPORTS = {
     "in_arena": "clamor.runtime.paging.arena",
     "shared": "clamor.runtime.paging.arena",
     "prefetch": "clamor.runtime.paging.pager",
+    "write": "clamor.runtime.paging.writes",
 }
 
 #: Subpackages reachable as attributes without their own import (``clamor.widgets.dashboard``).
@@ -83,6 +84,7 @@ if TYPE_CHECKING:
         shared,
     )
     from clamor.runtime.paging.pager import prefetch
+    from clamor.runtime.paging.writes import write
 
 
 def __getattr__(name: str) -> Any:
@@ -136,4 +138,5 @@ __all__ = [
     "prefetch",
     "restore",
     "shared",
+    "write",
 ]

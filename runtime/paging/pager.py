@@ -449,7 +449,7 @@ def worker_pager() -> WorkerPager | None:
     return _worker_pager
 
 
-def _rows(n: int, index: Any) -> np.ndarray:
+def selected_rows(n: int, index: Any, what: str = "prefetch") -> np.ndarray:
     """The rows of an axis of length ``n`` that ``index`` selects (int64; negative and
     out-of-bounds ones are the native side's to resolve and refuse), without building an
     ``arange(n)`` (a 10^8-row weight vector would cost 800 MB per call)."""
@@ -463,7 +463,7 @@ def _rows(n: int, index: Any) -> np.ndarray:
             raise IndexError(f"boolean index of shape {idx.shape} does not match an axis of length {n}")
         return np.flatnonzero(idx)
     if idx.dtype.kind not in "iu":
-        raise IndexError(f"prefetch indices must be integers, a slice or a boolean mask, not {idx.dtype}")
+        raise IndexError(f"{what} indices must be integers, a slice or a boolean mask, not {idx.dtype}")
     if idx.dtype.kind == "u" and idx.size and int(idx.max()) >= n:  # would wrap around as int64
         raise IndexError(f"index out of bounds for an axis of length {n}")
     return idx.ravel()
@@ -496,7 +496,7 @@ def prefetch(array: np.ndarray, index: Any = None) -> int:
         high = sum(max(0, (n - 1) * st) for n, st in zip(array.shape, array.strides)) + array.itemsize
         first, last = (start + low) // ps, (start + high - 1) // ps
         return pager.prefetch(np.arange(first, last + 1, dtype=np.uint64))
-    rows = _rows(array.shape[0], index)
+    rows = selected_rows(array.shape[0], index)
     if rows.size == 0:
         return 0
     row_bytes = max(1, array.itemsize * math.prod(array.shape[1:]))

@@ -93,6 +93,7 @@ typedef struct {
     uint64_t pages_written;     /* pages found written with no copy, at stage starts */
     uint64_t directory_bytes;   /* the directory: 16 bytes a page, plus its holder bitmaps' pool */
     uint64_t holder_bitmaps;    /* pages held by more than 7 workers (a 128-byte bitmap each) */
+    uint64_t direct_writes;     /* rows written by clamor_driver_write_rows (no write trap) */
 } clamor_driver_stats;
 
 /* Workers a cluster can have: worker ids are 0 .. CLAMOR_MAX_WORKERS - 1. The driver's
@@ -117,6 +118,15 @@ void clamor_driver_release(uint32_t epoch);
 /* Epoch `epoch` is needed again: 0 if its versions are all still there (the release
  * is undone), -1 if a write since kept no copy. */
 int clamor_driver_retain(uint32_t epoch);
+/* The driver writes `n` rows of `row_bytes` bytes, row i from values + i * row_bytes to
+ * arena offset offsets[i] (in order: a row given twice ends with its last bytes), through
+ * an untracked mapping of the arena: no write trap per page. Each page the rows cover
+ * first gets what a trapped first write gets (its old bytes into the version log where
+ * a stage or lineage needs them; the next stage invalidates it), and no stage starts
+ * until the bytes are in. 0: written; 1: not written (no pager runs, or a stage runs,
+ * whose readers a write must shoot down: write the ordinary way); -1: a row outside
+ * the arena (nothing written). */
+int clamor_driver_write_rows(const int64_t *offsets, uint64_t n, const uint8_t *values, uint64_t row_bytes);
 int clamor_driver_set_peer(int worker_id, const char *host, int port);
 void clamor_driver_drop_worker(int worker_id);
 void clamor_driver_get_stats(clamor_driver_stats *out);

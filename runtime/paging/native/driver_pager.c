@@ -274,6 +274,13 @@ void clamor_driver_release(uint32_t E) {
     API_DONE();
 }
 
+int clamor_driver_write_rows(const int64_t *offsets, uint64_t n, const uint8_t *values, uint64_t row_bytes) {
+    API_READ();
+    int rc = S.running ? versions_write_rows(offsets, n, values, row_bytes) : 1;
+    API_DONE();
+    return rc;
+}
+
 int clamor_driver_retain(uint32_t E) {
     API_READ();
     int rc = S.running ? versions_retain(E) : -1;

@@ -252,6 +252,33 @@ void versions_release(uint32_t E) {
     pthread_mutex_unlock(&V.stage);
 }
 
+/* clamor_driver_write_rows: every page the rows cover has its first write (as a trap
+ * would: first_write), then the bytes go in through the untracked mapping, all under the
+ * stage lock, so no stage seals an epoch between the two. Refused (1) while a stage runs:
+ * its same-host readers would have to be shot down page by page, which traps do. */
+int versions_write_rows(const int64_t *offsets, uint64_t n, const uint8_t *values, uint64_t row_bytes) {
+    const uint64_t size = V.npages * V.ps;
+    for (uint64_t i = 0; i < n; i++)
+        if (offsets[i] < 0 || (uint64_t)offsets[i] > size || row_bytes > size - (uint64_t)offsets[i]) return -1;
+    pthread_mutex_lock(&V.stage);
+    if (__atomic_load_n(&driver_stats()->stage_running, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_unlock(&V.stage);
+        return 1;
+    }
+    for (uint64_t i = 0; i < n && row_bytes; i++) {
+        uint64_t first = (uint64_t)offsets[i] / V.ps, last = ((uint64_t)offsets[i] + row_bytes - 1) / V.ps;
+        for (uint64_t p = first; p <= last; p++) {
+            pages_lock(p);
+            if (pages_fresh(p)) first_write(p);
+            pages_unlock(p);
+        }
+    }
+    for (uint64_t i = 0; i < n; i++) pages_write((uint64_t)offsets[i], values + i * row_bytes, row_bytes);
+    ADD(direct_writes, n);
+    pthread_mutex_unlock(&V.stage);
+    return 0;
+}
+
 /* Epoch E is needed again after all (Cluster.keep_versions): undoes a release of it
  * if no write since went without a copy. 0: its versions are all there; -1: gone. */
 int versions_retain(uint32_t E) {

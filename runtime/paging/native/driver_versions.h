@@ -24,6 +24,8 @@ void versions_free(void);
 uint32_t versions_begin_stage(void);
 void versions_release(uint32_t E);
 int versions_retain(uint32_t E);
+/* clamor_driver_write_rows (offsets checked here; the pager is running). */
+int versions_write_rows(const int64_t *offsets, uint64_t n, const uint8_t *values, uint64_t row_bytes);
 
 #pragma GCC visibility pop
 
