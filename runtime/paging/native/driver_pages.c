@@ -278,6 +278,8 @@ int pages_first_write(uint64_t p, int keep_old) {
     return uncopied;
 }
 
+void pages_still_protected(uint64_t p) { T.flags[p] |= FL_PROTECTED; }
+
 void pages_mark_written(uint64_t first, uint64_t n) {
     for (uint64_t p = first; p < first + n && p < T.npages; p++) {
         pthread_mutex_t *m = cl_stripe(&T.stripes, p);
@@ -334,7 +336,9 @@ void pages_reprotect(uint64_t first, uint64_t end) {
     }
 }
 
-static int written(uint64_t p) { return !(T.flags[p] & FL_PROTECTED) || (T.flags[p] & FL_WRITTEN); }
+/* Unprotected (a trap let the write through), or written untrapped (async tracking, or
+ * clamor_driver_write_rows, which leaves it protected: copied or not). */
+static int written(uint64_t p) { return !(T.flags[p] & FL_PROTECTED) || (T.flags[p] & (FL_WRITTEN | FL_DIRTY)); }
 
 /* Workers that copy pages are told of the written pages they hold (the directory);
  * same-host workers keep pages mapped in place across stages, which show the new bytes

@@ -64,6 +64,10 @@ int pages_protected(uint64_t p);
  * unprotects it): a fresh page's old bytes go into the version log if `keep_old`, and
  * same-host workers that map it unmap it while a stage runs. 1: the write kept no copy. */
 int pages_first_write(uint64_t p, int keep_old);
+/* Page lock held: p's first write (pages_first_write) went through the untracked
+ * mapping, so the arena's own mapping of it stays write-protected (no ioctl at the
+ * next stage start to protect it again). */
+void pages_still_protected(uint64_t p);
 /* Pages [first, first + n) were written untrapped (async tracking). */
 void pages_mark_written(uint64_t first, uint64_t n);
 /* Touches the arena's bytes at `offset` through the untracked mapping: an OS page never

@@ -269,7 +269,10 @@ int versions_write_rows(const int64_t *offsets, uint64_t n, const uint8_t *value
         uint64_t first = (uint64_t)offsets[i] / V.ps, last = ((uint64_t)offsets[i] + row_bytes - 1) / V.ps;
         for (uint64_t p = first; p <= last; p++) {
             pages_lock(p);
-            if (pages_fresh(p)) first_write(p);
+            if (pages_fresh(p)) {
+                first_write(p);
+                pages_still_protected(p);
+            }
             pages_unlock(p);
         }
     }
