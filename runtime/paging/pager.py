@@ -328,7 +328,7 @@ class WorkerPager:
         lib.clamor_worker_set_cache_limit(self.cache_limit_pages)
         lib.clamor_worker_set_exact_read_sets(int(config.read_sets == "exact"))
         self._read_set: tuple[int, bytes] = (0, b"")  # (generation, runs) of the last end_task
-        self._runs_room = 1024  # runs the next resident read set is given room for (grows)
+        self._runs = np.empty(2 * 1024, np.uint64)  # room for the resident read set's runs (grows)
         base = lib.clamor_worker_base()
         view = np.frombuffer(ffi.buffer(base, self.arena_size), dtype=np.uint8)
         view.flags.writeable = False
@@ -373,11 +373,10 @@ class WorkerPager:
         can span every page of a large array: encoding it page by page here cost a
         millisecond a task)."""
         while True:
-            buf = np.empty(2 * self._runs_room, np.uint64)
-            n = int(lib.clamor_worker_resident_runs(ffi.from_buffer("uint64_t[]", buf), self._runs_room))
-            if n <= self._runs_room:
-                return buf[: 2 * max(n, 0)].tobytes()
-            self._runs_room = 2 * n
+            n = int(lib.clamor_worker_resident_runs(ffi.from_buffer("uint64_t[]", self._runs), len(self._runs) // 2))
+            if 2 * n <= len(self._runs):
+                return self._runs[: 2 * max(n, 0)].tobytes()
+            self._runs = np.empty(4 * n, np.uint64)  # kept: a fresh large buffer is fresh pages to fault in
 
     def invalidate(self, epoch: int, pages: np.ndarray) -> None:
         buf = np.ascontiguousarray(pages, np.uint64)
