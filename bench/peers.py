@@ -1,8 +1,10 @@
-"""The systems a broadcast-table workload compares, behind one small interface, and the
-parent/child plumbing the workload scripts share (``lookups.py``, ``streaming.py``).
+"""The measured systems' sessions, Clamor's and its peers', behind one small interface
+(:class:`Session`). The broadcast-table workloads (``lookups.py``, ``streaming.py``)
+open them by child name (``programs.py``); other workloads start the ones they need.
 
 Every system runs ``WORKERS`` workers (2, local ones by default) and offers the same
-operations on a driver-side numpy table, so a workload is written once:
+operations on a driver-side numpy table, so a workload is written once (the limits offer
+them too: ``limits.py``):
 
 ====================  =================================  ===============================
 system                ``broadcast(table)``               a task ``fn(table, *args)``
@@ -18,12 +20,6 @@ ray                   ``ray.put(table)``; the object     ``f.remote(ref, ...)``
                       (:func:`ray_store_bytes`)
 ipyparallel           ``rc[:].push({name: table})``,     ``view.apply_async(fn,
                       a fresh name per broadcast         Reference(name), ...)``
-numpy (a limit)       nothing: one process               every task in turn, in this
-                                                         process
-shm (a limit)         nothing: ``make_table`` puts the   a ``multiprocessing`` pool of
-                      table in a ``SharedMemory`` block  ``WORKERS`` processes (forked
-                                                         before the table exists) that
-                                                         attach the block by name
 ====================  =================================  ===============================
 
 ``run(fn, args)`` runs tasks that take their data by value (no broadcast): the
@@ -39,7 +35,7 @@ plus one copy per store of each broadcast still alive
 (``ray._private.internal_api.memory_summary``; Ray frees objects in batches, by default
 once a second); ipyparallel when every engine has deleted its name.
 
-Network mode (``open_session(system, network)``, see ``network.py``): the same
+Network mode (``programs.open_session(system, network)``, see ``network.py``): the same
 operations with each worker on its own simulated host (a ``netns.Network`` built by the
 child): Clamor through ``NamespaceLauncher``, Dask's scheduler, Ray's head (0 CPUs) and
 ipyparallel's controller on the driver's address and their workers, nodes and engines
@@ -48,18 +44,13 @@ driver's host whatever the network.
 
 Task functions are passed in by the workload script: defined there, in the child's
 ``__main__``, every system pickles them by value, so no worker needs ``bench/`` on its
-path. A task returns ``(value, os.getpid())`` so the child can read each worker's RSS
-(:func:`common.tree_rss`) after the stage, while the workers still hold the table.
-
-The parent runs each system in its own child process (this script with ``--child``),
-marked through its environment (:data:`CHILD_MARKER`) so :mod:`harness` can sweep whatever
-the child leaves behind; a child streams its rows to a file as it finishes them, so a
-system that hangs later keeps what it measured.
+path. A task returns ``(value, os.getpid())`` so the child can read each worker's RSS and
+memory (:func:`harness.usage.worker_memory`) after the stage, while the workers still
+hold the table.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import re
@@ -74,58 +65,20 @@ from typing import IO, TYPE_CHECKING, Any, Self
 
 import numpy as np
 import psutil
-from harness import CHILD_MARKER, busy_seconds, marked_processes, progress
 from harness import (
     network as netmode,  # the module; `network` is the argument everywhere here
 )
-from harness.results import median, median_ci, ratio
+from harness import progress
+from harness.tables import fmt_bytes
 
 if TYPE_CHECKING:
     from clamor.testing.netns import Network
 
-SYSTEMS = ("clamor", "dask", "ray", "ipyparallel")
-PEERS = SYSTEMS[1:]
 #: Workers (engines, nodes' CPUs) of every system: 2, or ``CLAMOR_BENCH_WORKERS`` (the
 #: 16-core runs, bench/device/).
 WORKERS = int(os.environ.get("CLAMOR_BENCH_WORKERS", "2"))
-#: The peers' second program, child names: the driver gathers ``table[keys]`` and ships
-#: only those values with each task (the knowledge Clamor's tasks have: their keys).
-VALUES = tuple(f"{peer}-values" for peer in PEERS)
-#: The physical limits on this machine: one numpy process; ``WORKERS`` processes over one
-#: ``multiprocessing.shared_memory`` table.
-LIMITS = ("numpy", "shm")
-#: Every child name a broadcast-table workload runs, in the order it runs them.
-PROGRAMS = ("clamor", "ray", "ray-values", "dask", "dask-values", "ipyparallel",
-            "ipyparallel-values", "shm", "numpy")  # fmt: skip
-#: The name each child's rows carry (a limit's starts with "limit: ").
-LABELS = {**{f"{peer}-values": f"{peer} (ship keys' values)" for peer in PEERS},
-          "numpy": "limit: numpy, one process",
-          "shm": f"limit: shared memory, {WORKERS} processes"}  # fmt: skip
 #: Room an object store keeps beside the copies of the data it must hold.
 STORE_HEADROOM = 256 << 20
-
-
-def label(system: str) -> str:
-    """The row name of child ``system`` (``ray-values`` -> ``ray (ship keys' values)``)."""
-    return LABELS.get(system, system)
-
-
-def base(system: str) -> str:
-    """The system child ``system`` runs on (``ray-values`` -> ``ray``)."""
-    return system.removesuffix("-values")
-
-
-def ships_values(system: str) -> bool:
-    return system.endswith("-values")
-
-
-def is_limit(system: str) -> bool:
-    return system in LIMITS
-
-
-def family(name: str) -> str:
-    """The peer a row name belongs to (``ray (ship keys' values)`` -> ``ray``)."""
-    return name.split(" (")[0]
 
 
 def ray_store_bytes(data_bytes: int, stores: int = 1) -> int:
@@ -559,149 +512,6 @@ class IpyparallelSession(Session):
             self.stop_hosts()
 
 
-class NumpySession(Session):
-    """A limit: one plain numpy process, this one, running every task in turn on the table
-    in its own memory."""
-
-    system = "numpy"
-    copies = 0
-
-    def broadcast(self, table: np.ndarray) -> np.ndarray:
-        return table
-
-    def map(self, fn: Callable, handle: Any, args: Sequence[tuple]) -> list:
-        return [fn(handle, *a) for a in args]
-
-    def run(self, fn: Callable, args: Sequence[tuple]) -> list:
-        return [fn(*a) for a in args]
-
-    def restart(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-#: In a pool process of :class:`SharedMemorySession`: the blocks it attached, by name.
-_ATTACHED: dict[str, tuple[Any, np.ndarray]] = {}
-
-
-def _shm_view(name: str, n: int) -> np.ndarray:
-    from multiprocessing import shared_memory
-
-    if name not in _ATTACHED:
-        block = shared_memory.SharedMemory(name=name)
-        _ATTACHED[name] = (block, np.ndarray((n,), np.int64, buffer=block.buf))
-    return _ATTACHED[name][1]
-
-
-def _shm_task(task: tuple) -> Any:
-    """In a pool process: ``fn(table, *a)`` on the block ``name``, attached once."""
-    fn, name, n, a = task
-    return fn(_shm_view(name, n), *a)
-
-
-def _shm_init() -> None:
-    """In a new pool process: SIGTERM ends it quietly (``pool.terminate``), instead of the
-    workload child's handler, inherited through fork, raising ``KeyboardInterrupt``."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _shm_call(task: tuple) -> Any:
-    fn, a = task
-    return fn(*a)
-
-
-class SharedMemorySession(Session):
-    """A limit: ``WORKERS`` ``multiprocessing`` processes (a pool, forked before any table
-    exists, so they share none of this process's memory) over tables that live in
-    ``multiprocessing.shared_memory`` blocks (:meth:`make_table`); a task attaches its
-    block by name, once per process, and reads it in place. Nothing moves: the driver's
-    writes land in the block itself."""
-
-    system = "shm"
-    copies = 0
-
-    def __init__(self) -> None:
-        import multiprocessing
-        from multiprocessing import resource_tracker, shared_memory
-
-        self.shared_memory = shared_memory
-        self.blocks: list[tuple[Any, np.ndarray]] = []
-        # One resource tracker, this process's, shared by the pool: a pool process with a
-        # tracker of its own would unlink the blocks it attached when it ends.
-        resource_tracker.ensure_running()
-        self.context = multiprocessing.get_context("fork")
-        self.pool = self.context.Pool(WORKERS, initializer=_shm_init)
-
-    def make_table(self, n: int) -> np.ndarray:
-        shm = os.statvfs("/dev/shm")
-        if shm.f_bavail * shm.f_frsize < 8 * n + (64 << 20):
-            raise RuntimeError(f"/dev/shm has {fmt_bytes(shm.f_bavail * shm.f_frsize)} free, "
-                               f"the table needs {fmt_bytes(8 * n)}")  # fmt: skip
-        block = self.shared_memory.SharedMemory(
-            name=f"clamor-bench-{os.getpid()}-{len(self.blocks)}", create=True, size=8 * n)
-        view = np.ndarray((n,), np.int64, buffer=block.buf)
-        fill_table(view)
-        self.blocks.append((block, view))
-        return view
-
-    def broadcast(self, table: np.ndarray) -> tuple[str, int]:
-        for block, view in self.blocks:
-            if view is table:
-                return block.name, len(view)
-        raise ValueError("the shared-memory table must come from make_table")
-
-    def map(self, fn: Callable, handle: tuple[str, int], args: Sequence[tuple]) -> list:
-        name, n = handle
-        return self.pool.map(_shm_task, [(fn, name, n, a) for a in args], chunksize=1)
-
-    def run(self, fn: Callable, args: Sequence[tuple]) -> list:
-        return self.pool.map(_shm_call, [(fn, a) for a in args], chunksize=1)
-
-    def restart(self) -> None:
-        """A fresh pool (the blocks stay): its processes attach each block anew."""
-        self.pool.terminate()
-        self.pool.join()
-        self.pool = self.context.Pool(WORKERS, initializer=_shm_init)
-
-    def close(self) -> None:
-        try:
-            with contextlib.suppress(Exception):
-                self.pool.terminate()
-                self.pool.join()
-        finally:
-            for block, _ in self.blocks:
-                block.close()
-                with contextlib.suppress(FileNotFoundError):
-                    block.unlink()
-            self.blocks = []
-
-
-def open_session(system: str, network: Network | None = None, data_bytes: int | None = None,
-                 **clamor_options: Any) -> Session:  # fmt: skip
-    """Start ``system`` (a child name: ``ray-values`` starts ``ray``) with ``WORKERS``
-    workers (raises if it cannot): local ones, or with ``network`` (network mode,
-    ``network.py``) one on each of its simulated hosts; a limit always here, locally.
-    ``data_bytes``: the largest table it will hold (Ray's object stores are sized for it)."""
-    system = base(system)
-    if system == "numpy":
-        return NumpySession()
-    if system == "shm":
-        return SharedMemorySession()
-    if network is not None and len(network.hosts) != WORKERS:
-        raise ValueError(f"network mode runs one worker per host: {WORKERS} hosts, not "
-                         f"{len(network.hosts)}")  # fmt: skip
-    if system == "clamor":
-        return ClamorSession(network, **clamor_options)
-    if system == "ray":
-        stores = 1 if network is None else len(network.hosts) + 1  # the head's, each node's
-        store = None if data_bytes is None else ray_store_bytes(data_bytes, stores)
-        return RaySession(network, object_store_memory=store)
-    sessions = {"dask": DaskSession, "ipyparallel": IpyparallelSession}
-    return sessions[system](network)
-
-
 def make_table(n: int, arena: bool) -> np.ndarray:
     """``n`` int64 values ``7 i + 3``, in the clamor arena if ``arena``, filled in chunks
     (no temporary the size of the table). int64, so a sum of looked-up values is exact."""
@@ -719,159 +529,3 @@ def fill_table(table: np.ndarray, chunk: int = 8 << 20) -> np.ndarray:
         np.multiply(np.arange(a, b, dtype=np.int64), 7, out=table[a:b])
         table[a:b] += 3
     return table
-
-
-#: A worker's own page cache, a memfd: its pages count in RSS only where a task touched
-#: them through the mapping, so :func:`worker_memory` adds the part RSS does not show.
-PAGE_CACHE = "/memfd:clamor-page-cache"
-
-
-def _memory(pid: int) -> int:
-    """RssAnon + RssFile + max(RssShmem, bytes allocated in the process's page-cache memfd)."""
-    status = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Rss"):
-            key, value = line.split(":", 1)
-            status[key] = int(value.split()[0]) * 1024
-    cache = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(PAGE_CACHE):
-                cache += os.stat(f"/proc/{pid}/fd/{fd}").st_blocks * 512
-    return status.get("RssAnon", 0) + status.get("RssFile", 0) + max(status.get("RssShmem", 0), cache)
-
-
-def worker_memory(results: Sequence[tuple]) -> tuple[int, int]:
-    """(RSS, memory) of the largest worker that ran ``results`` (tasks end with their pid).
-
-    RSS is psutil's (``common.tree_rss``). Memory also counts a Clamor worker's page cache
-    in full: the cache is a memfd mapped over the arena, and RSS shows only the 4 KiB
-    pieces a task touched through the mapping, not the whole pages fetched into it. For
-    every other system the two are the same (less any shared memory RSS counted twice).
-    """
-    from harness.results import tree_rss
-
-    pids = {r[-1] for r in results}
-    mem = 0
-    for pid in pids:  # like tree_rss: the process and its children
-        with contextlib.suppress(OSError, psutil.Error):
-            tree = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
-            mem = max(mem, sum(_memory(p) for p in tree))
-    return tree_rss(pids), mem
-
-
-class OtherLoad:
-    """Cores used on the machine by processes that are not this child's (its system's
-    daemons and workers carry :data:`CHILD_MARKER`), between two snapshots."""
-
-    def __init__(self) -> None:
-        self.marker = os.environ.get(CHILD_MARKER)
-        self.start = self.snapshot()
-
-    def snapshot(self) -> tuple[float, float, dict[int, float]]:
-        own: dict[int, float] = {}
-        procs = marked_processes(CHILD_MARKER, self.marker, include_self=True) if self.marker else []
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                t = p.cpu_times()
-                own[p.pid] = t.user + t.system + t.children_user + t.children_system
-        return time.monotonic(), busy_seconds(), own
-
-    def cores(self) -> float:
-        (t0, b0, own0), (t1, b1, own1) = self.start, self.snapshot()
-        own = sum(cpu - own0.get(pid, 0.0) for pid, cpu in own1.items())
-        return max(0.0, (b1 - b0) - own) / max(t1 - t0, 1e-9)
-
-
-# --- parent and child -------------------------------------------------------------------
-
-
-def arguments(description: str, quick_help: str,
-              choices: Sequence[str] = SYSTEMS) -> argparse.ArgumentParser:  # fmt: skip
-    """The options every workload script takes; ``choices``: its child names."""
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--quick", action="store_true", help=quick_help)
-    ap.add_argument("--repeat", type=int, default=None, help="timed repetitions per case and pass")
-    ap.add_argument("--passes", type=int, default=None,
-                    help="passes over the systems (A B A B ...), each starting every system afresh "
-                         "with an untimed warm-up; the rows merge every pass's repetitions")  # fmt: skip
-    ap.add_argument("--only", default=",".join(choices),
-                    help=f"comma-separated systems among {','.join(choices)}")  # fmt: skip
-    ap.add_argument("--timeout", type=float, default=900.0, metavar="SECONDS",
-                    help="time limit per system, start-up to shut-down")  # fmt: skip
-    ap.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
-                    help="before each system, wait up to SECONDS for the machine to go quiet")  # fmt: skip
-    ap.add_argument("--child", choices=choices, help=argparse.SUPPRESS)
-    ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
-    return ap
-
-
-def systems(ap: argparse.ArgumentParser, only: str, choices: Sequence[str] = SYSTEMS) -> list[str]:
-    """The systems of ``--only``, in the order of ``choices``; a usage error for others."""
-    chosen = [s.strip() for s in only.split(",") if s.strip()]
-    bad = [s for s in chosen if s not in choices]
-    if bad:
-        ap.error(f"unknown system(s) {', '.join(bad)}; choose among {', '.join(choices)}")
-    return [s for s in choices if s in chosen]
-
-
-# --- the printed table ------------------------------------------------------------------
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "—"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def limit_row(rows: Sequence[dict], case: str) -> dict | None:
-    """The fastest measured limit row (``"limit": True``) of ``case``."""
-    limits = [r for r in rows if r.get("limit") and r["case"] == case and r["seconds"]]
-    return min(limits, key=lambda r: median(r["seconds"]), default=None)
-
-
-def markdown(result: dict, columns: Sequence[tuple[str, Callable[[dict], str]]] = ()) -> str:
-    """The rows (median, its 95 % interval, min–max, peer ÷ clamor and ÷ the fastest limit
-    per case, bytes, RSS, ``columns``) and goals."""
-    head = ["system", "case", "median (s)", "95 % CI (s)", "min–max (s)", "n", "÷ clamor",
-            "÷ limit", "bytes moved", "peak worker RSS", *(c[0] for c in columns), "note"]  # fmt: skip
-    lines = [f"## {result['title']}", "", "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)]  # fmt: skip
-    for r in result["rows"]:
-        s = r["seconds"]
-        q = ratio(result, r["system"], r["case"]) if r["system"] != "clamor" else None
-        lim = limit_row(result["rows"], r["case"])
-        over = (median(s) / median(lim["seconds"])
-                if s and lim and median(s) > 0 and median(lim["seconds"]) > 0 else None)  # fmt: skip
-        ci = median_ci(s) if s else None
-        cells = [r["system"], r["case"], f"{median(s):.4g}" if s else "—",
-                 f"{ci[0]:.4g}–{ci[1]:.4g}" if ci else "—",
-                 f"{min(s):.4g}–{max(s):.4g}" if s else "—", len(s), f"{q:.1f}×" if q else "—",
-                 f"{over:.1f}×" if over else "—",
-                 fmt_bytes(r.get("bytes_moved")), fmt_bytes(r.get("peak_worker_rss")),
-                 *(f(r) for _, f in columns), r.get("note", "")]  # fmt: skip
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    if result.get("goals"):
-        lines += ["", "Goals:", ""]
-        for g in result["goals"]:
-            v = "n/a" if g["value"] is None else f"{g['value']:.1f}"
-            mark = "met" if g["met"] else "**missed**"
-            lines.append(f"- {g['goal']}: {v} (target {g['target']:g}) {mark}"
-                         + (f" — {g['why']}" if g["why"] else ""))  # fmt: skip
-    return "\n".join(lines) + "\n"
-
-
-def find(rows: Sequence[dict], system: str, case: str) -> dict | None:
-    return next((r for r in rows if r["system"] == system and r["case"] == case), None)
-
-
-def value_ratio(rows: Sequence[dict], key: str, system: str, case: str) -> float | None:
-    """``rows[system][key] / rows[clamor][key]`` for ``case`` (e.g. memory)."""
-    a, b = find(rows, system, case), find(rows, "clamor", case)
-    if not a or not b or not a.get(key) or not b.get(key):
-        return None
-    return a[key] / b[key]

@@ -4,10 +4,13 @@
     python bench/run.py [--quick] [--only lookups,kmeans] [--timeout SECONDS] [--network [RATE]]
     python bench/run.py NAME [ARGS]      # one workload, bench/workloads/NAME.py, with its own ARGS
 
-bench/ is laid out as ``workloads/`` (one script per measured job), ``peers.py`` (the
-Dask and Ray sessions they are compared with), ``harness/`` (child processes, result
-rows, the machine, simulated networks) and ``report/``; this file is the one entry
-point, so that every workload runs with ``bench/`` on its import path.
+bench/ is laid out as ``workloads/`` (one script per measured job, and the parts some
+scripts import, such as ``dense_peers.py``), ``peers.py`` (the sessions of Clamor and
+the peers it is compared with), ``limits.py`` (the limits' sessions), ``programs.py``
+(the broadcast-table workloads' child names), ``harness/`` (child processes, options,
+result rows, the printed table, memory and load, the machine, simulated networks) and
+``report/``; this file is the one entry point, so that every workload runs with
+``bench/`` on its import path.
 
 Each workload script (``bench/workloads/<name>.py``) runs as a subprocess (with ``--quick`` when
 given), one after the other so that they never share the machine; a script that is
@@ -44,8 +47,10 @@ ROOT = BENCH.parent
 RESULTS = BENCH / "results"
 WORKLOADS = ("lookups", "streaming", "dense", "kdtree", "replication", "spill", "logreg", "kmeans", "overhead",
              "same_host")
-#: Every script in workloads/, also those the full run leaves to their own make targets.
-ALL_WORKLOADS = tuple(sorted(p.stem for p in (BENCH / "workloads").glob("*.py") if p.stem != "__init__"))
+#: Every script in workloads/, also those the full run leaves to their own make targets: the
+#: modules that run as ``__main__`` (not the parts of a workload its script imports).
+ALL_WORKLOADS = tuple(sorted(p.stem for p in (BENCH / "workloads").glob("*.py")
+                             if 'if __name__ == "__main__":' in p.read_text()))  # fmt: skip
 #: The workloads with a network mode (``--network``), run after all the loopback ones.
 NETWORK_WORKLOADS = ("lookups", "streaming", "replication", "kdtree", "logreg")
 

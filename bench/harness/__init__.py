@@ -4,6 +4,9 @@
   machine's other load, and sweeping what a child leaves behind (re-exported
   here: ``import harness; harness.run_all(...)``);
 - ``results``: result rows, ratios, goals, saving under ``bench/results/``;
+- ``tables``: the printed table of a result (``markdown``, ``fmt_bytes``, ``find``);
+- ``usage``: what a child measures besides seconds: workers' memory, the other load;
+- ``options``: the command line ``lookups.py``, ``streaming.py``, ``kmeans.py`` share;
 - ``machine``: what every report says about the machine and the commit;
 - ``network``: simulated hosts behind shaped links (``--network``).
 """

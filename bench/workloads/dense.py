@@ -58,6 +58,13 @@ Goals (issue 29), per ``W`` and fraction with ``T`` tasks a worker: repeat pass 
 shared memory's touches (its fill left out: Clamor's table was made before the pass
 too) and at least 2x faster than Ray's faster program; write + lookups within 1.1x of one
 numpy process. Writes ``bench/results/dense.json`` (``--out NAME``: ``NAME.json``).
+
+Beside this script: ``dense_runs.py`` (the interface every system implements, and the
+timing of a case's repetitions into its row) and ``dense_peers.py`` (the Ray and Dask
+programs). The task functions stay here, in the child's ``__main__``, so that every
+system pickles them by value and no worker needs ``bench/`` on its path; the systems get
+them as :data:`TASKS`. Clamor's system and the limits stay here, naming the tasks
+directly (the shared-memory limit's pool also reads this module's ``_BARRIER``).
 """
 
 from __future__ import annotations
@@ -73,21 +80,19 @@ from typing import Any
 import numpy as np
 import psutil
 from harness import child_main, progress, run_all
-from harness.results import goal, median, ratio, row, save, tree_rss
-from peers import (
-    _ATTACHED,
-    WORKERS,
-    OtherLoad,
-    _shm_init,
-    _shm_view,
-    family,
-    find,
-    fmt_bytes,
-    make_table,
-    markdown,
-)
+from harness.results import goal, median, ratio, save
+from harness.tables import find, fmt_bytes, markdown
+from limits import _ATTACHED, _shm_init, _shm_view
+from peers import WORKERS, make_table
+from programs import family
 
-from workloads.same_host import pss, shmem_bytes
+from workloads.dense_peers import (
+    DaskSystem,
+    DaskValuesSystem,
+    RaySystem,
+    RayValuesSystem,
+)
+from workloads.dense_runs import PAGING_KEYS, Runs, System, Tasks, finish
 
 #: In the order they run at each worker count (Dask, the slowest to broadcast, last).
 SYSTEMS = ("clamor", "shm", "ray", "ray-values", "numpy", "clamor-exact", "dask-values", "dask")
@@ -102,8 +107,6 @@ GAUGES = {"id", "pid", "rss_bytes", "memory_budget", "page_cache_budget", "parti
           "cache_limit_pages", "partitions", "partitions_in_memory", "partition_bytes",
           "partitions_on_disk", "partition_disk_bytes", "tasks_queued", "cached_pages",
           "arena_bytes", "page_size"}  # fmt: skip
-#: Always recorded (0 included): what says whether a pass faulted.
-PAGING_KEYS = ("faults", "soft_faults", "pages_mapped", "subpage_maps")
 
 
 def label(system: str, workers: int = WORKERS) -> str:
@@ -157,7 +160,7 @@ _BARRIER: Any = None
 
 
 def _shm_detach() -> None:
-    """In a pool process: let go of every block attached (``peers._shm_view``)."""
+    """In a pool process: let go of every block attached (``limits._shm_view``)."""
     for old in list(_ATTACHED):
         block, view = _ATTACHED.pop(old)
         del view
@@ -181,6 +184,11 @@ def _shm_each(detach: bool) -> int:
         _shm_detach()
     _BARRIER.wait(60)
     return os.getpid()
+
+
+#: The tasks every system runs (dense_runs.Tasks): these functions, defined here, in the
+#: child's ``__main__``, so that the peers (dense_peers.py) pickle them by value.
+TASKS = Tasks(keys=_keys, lookups=_lookups, sum_values=_sum_values, warm=_warm)
 
 
 # --- the cases ---------------------------------------------------------------------------
@@ -220,50 +228,7 @@ def expected(p: dict, args: Sequence[tuple]) -> list[int]:
     return [7 * int(_keys(s, sub, n, pp, lk).sum()) + 3 * lk for s, sub, pp, lk in args]
 
 
-# --- the systems (one per child process) -------------------------------------------------
-
-
-class System:
-    """One system with ``W`` workers: ``fresh`` (untimed) then ``first`` (the put, if any,
-    and the tasks) give a first pass; ``again`` the repeat pass; ``write`` one iteration."""
-
-    copies = 1  # copies of the table a first pass makes (bytes moved = nbytes x this)
-    #: Seconds the last first pass spent making the table available (put, scatter, fill).
-    put_s: float | None = None
-
-    def __init__(self, p: dict) -> None:
-        self.p, self.w = p, p["workers"]
-        self.n = p["table_bytes"] // 8
-        self.table: np.ndarray | None = None
-
-    def make_table(self) -> np.ndarray:
-        self.table = make_table(self.n, arena=False)
-        return self.table
-
-    def fresh(self) -> None:
-        """Before a first pass (untimed): drop what the last one made, warm the workers."""
-
-    def first(self, args: list[tuple]) -> list:
-        raise NotImplementedError
-
-    def again(self, args: list[tuple]) -> list:
-        raise NotImplementedError
-
-    def write(self, key: int, delta: int, args: list[tuple]) -> list:
-        """The driver changes one entry; the stage again (timed together)."""
-        raise NotImplementedError
-
-    def pids(self, out: list) -> list[int]:
-        return sorted({pid for _, pid in out})
-
-    def counters(self) -> dict[str, int] | None:
-        return None
-
-    def moved(self) -> int | None:
-        return None
-
-    def close(self) -> None:
-        pass
+# --- the systems (one per child process; the interface: dense_runs.py; Ray, Dask: dense_peers.py)
 
 
 class ClamorSystem(System):
@@ -271,8 +236,8 @@ class ClamorSystem(System):
     #: Cluster(read_sets=...): "exact" re-faults every page a task reads, as before issue 29.
     read_sets = "resident"
 
-    def __init__(self, p: dict) -> None:
-        super().__init__(p)
+    def __init__(self, p: dict, tasks: Tasks) -> None:
+        super().__init__(p, tasks)
         import clamor
 
         self.clamor = clamor
@@ -335,183 +300,12 @@ class ClamorSystem(System):
             self.cluster.close()
 
 
-class RaySystem(System):
-    """``peers.RaySession`` (``ray.init(num_cpus=W)``, an object store of twice the table):
-    ``ray.put`` once a first pass, every release waited for (untimed)."""
-
-    def __init__(self, p: dict) -> None:
-        super().__init__(p)
-        import peers
-
-        peers.WORKERS = self.w  # this child's worker count: the sessions start that many
-        self.session = peers.RaySession(object_store_memory=peers.ray_store_bytes(self.data_bytes()))
-        self.handle = None
-        small = self.session.broadcast(np.arange(1024, dtype=np.int64))
-        pids = {pid for _, pid in self.session.map(_warm, small, [(0.3,)] * (2 * self.w))}
-        self.session.release(small)
-        progress(f"  ray: {len(pids)} worker processes warmed up")
-
-    def data_bytes(self) -> int:
-        return self.p["table_bytes"]
-
-    def fresh(self) -> None:
-        if self.handle is not None:
-            self.session.release(self.handle)  # waited for: the store has freed it
-            self.handle = None
-
-    def _tasks(self, args: list[tuple]) -> list:
-        return self.session.map(_lookups, self.handle, args)
-
-    def first(self, args: list[tuple]) -> list:
-        t = time.perf_counter()
-        self.handle = self.session.broadcast(self.table)
-        self.put_s = time.perf_counter() - t
-        return self._tasks(args)
-
-    again = _tasks
-
-    def write(self, key: int, delta: int, args: list[tuple]) -> list:
-        self.table[key] += delta
-        self.session.release(self.handle, wait=False)  # as a Ray program would: drop it, put anew
-        return self.first(args)
-
-    def close(self) -> None:
-        self.handle = None
-        self.session.close()
-
-
-class ValuesSystem(System):
-    """The values programs: the driver draws each task's keys (from its seed, as the task
-    would), gathers ``table[keys]`` and ships only those values; a task sums them."""
-
-    copies = 0
-    shipped = 0
-
-    def _gather(self, args: list[tuple]) -> list[np.ndarray]:
-        return [self.table[_keys(sd, sub, self.n, pp, lk)] for sd, sub, pp, lk in args]
-
-    def first(self, args: list[tuple]) -> list:
-        t = time.perf_counter()
-        values = self._gather(args)
-        self.put_s = time.perf_counter() - t  # the gather (the shipping is in the tasks' time)
-        self.shipped += sum(v.nbytes for v in values)
-        return self.ship(values)
-
-    again = first
-
-    def write(self, key: int, delta: int, args: list[tuple]) -> list:
-        self.table[key] += delta
-        return self.first(args)
-
-    def ship(self, values: list[np.ndarray]) -> list:
-        raise NotImplementedError
-
-    def moved(self) -> int:
-        return self.shipped
-
-
-class RayValuesSystem(ValuesSystem, RaySystem):
-    """Ray: ``f.remote(values)`` a task (Ray puts an argument this large in its store)."""
-
-    def data_bytes(self) -> int:
-        return self.p["workers"] * self.p["tasks_per_worker"] * self.p["lookups"] * 8
-
-    def ship(self, values: list[np.ndarray]) -> list:
-        return self.session.run(_sum_values, [(v,) for v in values])
-
-    def fresh(self) -> None:
-        pass
-
-
-class DaskValuesSystem(ValuesSystem):
-    """Dask: ``client.scatter`` of the values (a future a task), a ``client.submit`` each."""
-
-    def __init__(self, p: dict) -> None:
-        super().__init__(p)
-        import peers
-
-        peers.WORKERS = self.w
-        self.session = peers.DaskSession()
-        self.client = self.session.client
-        self.workers = sorted(self.client.run(os.getpid).values())
-        self.client.gather([self.client.submit(_sum_values, np.arange(8), pure=False) for _ in range(2 * self.w)])
-
-    def ship(self, values: list[np.ndarray]) -> list:
-        futures = self.client.scatter(values, hash=False)
-        out = self.client.gather([self.client.submit(_sum_values, f, pure=False) for f in futures])
-        del futures
-        return out
-
-    def pids(self, out: list) -> list[int]:
-        return self.workers
-
-    def close(self) -> None:
-        self.session.close()
-
-
-class DaskSystem(System):
-    def __init__(self, p: dict) -> None:
-        super().__init__(p)
-        from dask.distributed import Client, LocalCluster
-
-        self.cluster = self.client = self.future = None
-        need, total = self.w * p["table_bytes"], psutil.virtual_memory().total
-        if need > 0.6 * total:  # every worker holds its own copy
-            raise RuntimeError(f"{self.w} copies of the table ({fmt_bytes(need)}) do not fit in "
-                               f"60 % of this machine's {fmt_bytes(total)}")  # fmt: skip
-        # LocalCluster's own limit (the machine's memory / W), or room for the table and a
-        # transient second copy as it arrives: no worker spills or pauses for its table.
-        limit = max(total // self.w, 3 * p["table_bytes"])
-        self.cluster = LocalCluster(n_workers=self.w, threads_per_worker=1, processes=True,
-                                    dashboard_address=None, memory_limit=limit)  # fmt: skip
-        self.client = Client(self.cluster)
-        self.client.wait_for_workers(self.w, timeout=300)
-        self.workers = sorted(self.client.run(os.getpid).values())
-        self.copies = self.w
-        small = self.client.scatter(np.arange(1024, dtype=np.int64), broadcast=True, hash=False)
-        self.client.gather([self.client.submit(_warm, small, 0.1, pure=False) for _ in range(2 * self.w)])
-        small.release()
-
-    def fresh(self) -> None:
-        if self.future is None:
-            return
-        key = self.future.key
-        self.future.release()
-        self.future = None
-        deadline = time.monotonic() + 60  # until every worker has let go of it
-        while time.monotonic() < deadline and any(key in ks for ks in self.client.has_what().values()):
-            time.sleep(0.05)
-
-    def _tasks(self, args: list[tuple]) -> list:
-        return self.client.gather([self.client.submit(_lookups, self.future, *a, pure=False)
-                                   for a in args])  # fmt: skip
-
-    def first(self, args: list[tuple]) -> list:
-        t = time.perf_counter()
-        self.future = self.client.scatter(self.table, broadcast=True, hash=False)
-        self.put_s = time.perf_counter() - t
-        return self._tasks(args)
-
-    again = _tasks
-
-    def pids(self, out: list) -> list[int]:
-        return self.workers
-
-    def close(self) -> None:
-        try:
-            if self.client is not None:
-                self.client.close()
-        finally:
-            if self.cluster is not None:
-                self.cluster.close()
-
-
 class ShmSystem(System):
     """W ``multiprocessing`` processes (forked before the table exists, so they share none
     of the driver's memory) over one ``SharedMemory`` block."""
 
-    def __init__(self, p: dict) -> None:
-        super().__init__(p)
+    def __init__(self, p: dict, tasks: Tasks) -> None:
+        super().__init__(p, tasks)
         import multiprocessing
         from multiprocessing import resource_tracker, shared_memory
 
@@ -597,74 +391,12 @@ SESSIONS = {"clamor": ClamorSystem, "ray": RaySystem, "dask": DaskSystem, "shm":
             "dask-values": DaskValuesSystem}  # fmt: skip
 
 
-# --- measuring, in the child -------------------------------------------------------------
-
-
-def changes(before: dict | None, after: dict | None) -> dict[str, int] | None:
-    """Counters that changed (and :data:`PAGING_KEYS`, changed or not)."""
-    if before is None or after is None:
-        return None
-    out = {k: v - before.get(k, 0) for k, v in after.items()}
-    return {k: v for k, v in out.items() if v or k in PAGING_KEYS}
-
-
-class Runs:
-    """One case's timed repetitions in a child (:meth:`time`), and its row (:meth:`row`)."""
-
-    def __init__(self, s: System, name: str, case: str, fraction: float, per_worker: int, extra: dict) -> None:
-        self.s, self.name, self.case, self.fraction, self.per_worker, self.extra = (
-            s, name, case, fraction, per_worker, extra)  # fmt: skip
-        self.secs: list[float] = []
-        self.runs: dict[str, list] = {k: [] for k in ("moved", "rss", "grown", "pss", "paging", "puts")}
-        self.problems: list[str] = []
-        self.load = OtherLoad()
-
-    def check(self, out: list, want: list[int], what: str) -> None:
-        if wrong := [i for i, (v, _) in enumerate(out) if v != want[i]]:
-            self.problems.append(f"{what}: wrong sums in tasks {wrong[:5]}")
-
-    def time(self, call: Any, want: list[int], unmoved: int = 0) -> list:
-        """``call()`` timed, checked against ``want``; the counters, memory, bytes moved (the
-        system's count, else ``unmoved``) and the put, gather or fill it made, untimed."""
-        s, r = self.s, self.runs
-        c0, m0, shm0 = s.counters(), s.moved(), shmem_bytes()
-        s.put_s = None
-        t = time.perf_counter()
-        out = call()
-        self.secs.append(time.perf_counter() - t)
-        r["grown"].append(shmem_bytes() - shm0)
-        pids = s.pids(out)
-        r["pss"].append(pss(pids))
-        r["rss"].append(tree_rss(pids))
-        r["paging"].append(changes(c0, s.counters()))
-        r["moved"].append(s.moved() - m0 if m0 is not None else unmoved)
-        r["puts"].append(s.put_s)
-        self.check(out, want, f"repetition {len(self.secs)}")
-        progress(f"  {self.name} {self.case} {len(self.secs)}: {self.secs[-1]:.3f} s"
-                 + (f" (put {s.put_s:.3f} s)" if s.put_s is not None else "")
-                 + f", Shmem +{fmt_bytes(r['grown'][-1])}, workers' Pss {fmt_bytes(r['pss'][-1])}"
-                 + (f", paging {r['paging'][-1]}" if r["paging"][-1] else ""))  # fmt: skip
-        return out
-
-    def row(self, note: str = "") -> dict:
-        r = self.runs
-        wrong = "WRONG: " + "; ".join(self.problems[:3]) if self.problems else ""
-        puts = [x for x in r["puts"] if x is not None]
-        return row(self.name, self.case, self.secs, bytes_moved=int(median(r["moved"])),
-                   peak_worker_rss=max(r["rss"]), note="; ".join(x for x in (wrong, note) if x),
-                   checked=not self.problems, fraction=self.fraction, tasks_per_worker=self.per_worker,
-                   shmem_growth=max(r["grown"]), shmem_growth_runs=r["grown"], workers_pss=max(r["pss"]),
-                   workers_pss_runs=r["pss"], paging=_most(r["paging"]), paging_runs=r["paging"],
-                   put_s=median(puts) if puts else None, put_s_runs=puts, bytes_moved_runs=r["moved"],
-                   wrong_runs=[len(self.problems)], other_cores_runs=[self.load.cores()], **self.extra)  # fmt: skip
-
-
 def measure(system: str, rows, p: dict) -> None:
     """In the child: per read case ``F`` first passes (each after an untimed ``fresh()``),
     an untimed warm-up repeat pass and ``R`` timed ones; then the write case."""
     w = p["workers"]
     name, extra = label(system, w), {"limit": system in LIMITS, "program": system}
-    s = SESSIONS[system](p)  # before the table: no worker inherits or maps the driver's copy
+    s = SESSIONS[system](p, TASKS)  # before the table: no worker inherits or maps the driver's copy
     try:
         t0 = time.perf_counter()
         table = s.make_table()
@@ -702,30 +434,6 @@ def measure(system: str, rows, p: dict) -> None:
         s.close()
 
 
-def finish(rows: list[dict]) -> None:
-    """After the passes are merged (``harness.merge`` keeps the first pass's scalars): the
-    fields every pass's runs give."""
-    for r in rows:
-        if not r["seconds"]:
-            continue
-        r["checked"] = not sum(r.get("wrong_runs") or [0])
-        r["bytes_moved"] = int(median(r["bytes_moved_runs"])) if r.get("bytes_moved_runs") else None
-        r["put_s"] = median(r["put_s_runs"]) if r.get("put_s_runs") else None
-        r["shmem_growth"] = max(r.get("shmem_growth_runs") or [], default=None)
-        r["workers_pss"] = max(r.get("workers_pss_runs") or [], default=None)
-        r["paging"] = _most(r.get("paging_runs") or [])
-        r["other_cores"] = max(r.get("other_cores_runs") or [], default=None)
-
-
-def _most(runs: list[dict | None]) -> dict | None:
-    """Per counter, the largest change over the runs (for a repeat pass: any new fault shows)."""
-    runs = [r for r in runs if r is not None]
-    if not runs:
-        return None
-    return {k: max(r.get(k, 0) for r in runs) for k in dict.fromkeys(k for r in runs for k in r)}
-
-
-# --- goals and the printed table -----------------------------------------------------------
 
 
 def goals(result: dict) -> list[dict]:

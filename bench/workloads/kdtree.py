@@ -74,40 +74,38 @@ limits run as on loopback. Writes ``bench/results/kdtree-network.json``.
 
 Goals (issue 8, issue 19) compare Clamor with the fastest peer program of the case;
 their explanations are computed from this run's rows or start with "Hypothesis:".
+
+Beside this script: ``kdtree_runner.py`` (the interface every system implements and the
+protocol that times it), ``kdtree_redis.py`` (the Redis program) and
+``kdtree_report.py`` (the printed table and the goals). The systems whose workers run
+this script's task functions stay here: in the child's ``__main__`` the tasks are
+pickled by value, so no worker needs ``bench/`` on its path.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import pickle
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import harness
 import numpy as np
-from harness import network, progress
-from harness.results import goal, median, median_ci, ratio, row, save
-from peers import WORKERS, DaskSession, RaySession, find
+from harness import network
+from harness.results import save
+from peers import WORKERS, DaskSession, RaySession
+
+from workloads.kdtree_redis import R0_KM, RedisRunner
+from workloads.kdtree_report import finish, goals, render
+from workloads.kdtree_runner import CASES, COLD, LEAF, TASKS, K, Runner, measure
 
 LIMITS = {"limit-sklearn": "limit: sklearn, one process", "limit-fork": f"limit: fork, {WORKERS} processes"}
 SYSTEMS = ("clamor", "redis", "dask", "ray", *LIMITS)
 NETWORKED = ("clamor", "dask", "ray")  # the systems whose workers go on simulated hosts
-TASKS = 4 * WORKERS
-K = 10
-LEAF = 40
 REGION = ((37.3, 38.0), (-122.6, -121.8))  # around San Francisco, as notebooks/kdtree.ipynb
-R0_KM = 0.25  # the first GEOSEARCH radius; doubled until 10 come back
-REDIS_BATCH = 2000  # commands per pipeline round trip
-COLD, STEADY = "first pass (cold)", "queries (steady)"
-CASES = (COLD, STEADY)
 
 
 def label(system: str) -> str:
@@ -153,18 +151,6 @@ def _fork_query(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return _query(_FORK_TREE, q)
 
 
-def check_exact(parts: list, ref: tuple[np.ndarray, np.ndarray]) -> tuple[bool, str]:
-    """Do the tasks' answers, concatenated, equal the local sklearn query ``ref`` (dist, idx)?"""
-    idx = np.concatenate([p[0] for p in parts])
-    dist = np.concatenate([p[1] for p in parts])
-    if idx.shape != ref[1].shape:
-        return False, f"WRONG: shape {idx.shape}, expected {ref[1].shape}"
-    bad = int((idx != ref[1]).any(axis=1).sum())
-    if bad or not np.allclose(dist, ref[0]):
-        return False, f"WRONG: {bad} of {len(idx)} queries differ from a local sklearn query"
-    return True, ""
-
-
 def _heap_tree(points: np.ndarray) -> tuple[Any, int, int]:
     """An ordinary (heap) tree, its pickled size and the bytes of its arrays."""
     from sklearn.neighbors import KDTree
@@ -173,49 +159,7 @@ def _heap_tree(points: np.ndarray) -> tuple[Any, int, int]:
     return tree, len(pickle.dumps(tree, protocol=5)), sum(a.nbytes for a in tree.get_arrays())
 
 
-# --- the systems: one Runner each -------------------------------------------------------
-
-
-class Runner:
-    """One system in a child: ``fresh()`` (untimed) before each cold ``first()`` (timed:
-    the tree to the workers and one pass); ``settle()`` (untimed) before the steady
-    ``again()`` passes (timed). ``mark()``/``count()`` read counters around a timed call."""
-
-    name = ""
-    limit = False
-
-    def __init__(self, points: np.ndarray, queries: np.ndarray) -> None:
-        self.chunks = np.array_split(queries, TASKS)
-        self.ship: list[float] = []  # seconds of each first pass spent shipping the tree
-        self.fields: dict[str, Any] = {}  # row fields common to both cases
-
-    def fresh(self) -> None:
-        """Untimed, before each first pass: a state in which the tree is not on the workers."""
-
-    def first(self) -> list:
-        raise NotImplementedError
-
-    def again(self) -> list:
-        raise NotImplementedError
-
-    def settle(self) -> None:
-        """Untimed, before the steady passes: the tree on the workers (if no cold pass put it)."""
-
-    def mark(self) -> None:
-        """Untimed, just before a timed call."""
-
-    def count(self, case: str) -> int | None:
-        """Untimed, just after a timed call of ``case``: the bytes it moved (None: unknown)."""
-        return None
-
-    def check(self, parts: list) -> tuple[bool, str]:
-        return check_exact(parts, self.ref)
-
-    def rss(self, parts: list) -> int:
-        return max(int(p[2]) for p in parts)
-
-    def close(self) -> None:
-        pass
+# --- the systems: one Runner each (the interface: kdtree_runner.py; Redis: kdtree_redis.py) --
 
 
 class ClamorRunner(Runner):
@@ -447,210 +391,11 @@ class ForkLimit(Runner):
             self.pool = None
 
 
-# --- Redis ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def redis_search(r: Any, queries: np.ndarray) -> tuple[list[list[int]], np.ndarray, int]:
-    """Per query, the members GEOSEARCH returns at the smallest doubled radius giving 10;
-    the radius used per query and the number of GEOSEARCH commands sent."""
-    radius = np.full(len(queries), R0_KM)
-    found: list[list[int]] = [[] for _ in queries]
-    pending = list(range(len(queries)))
-    commands = 0
-    while pending:
-        short = []
-        for start in range(0, len(pending), REDIS_BATCH):
-            batch = pending[start:start + REDIS_BATCH]
-            pipe = r.pipeline(transaction=False)
-            for i in batch:
-                lat, lon = queries[i]
-                pipe.execute_command("GEOSEARCH", "pts", "FROMLONLAT", float(lon), float(lat),
-                                     "BYRADIUS", float(radius[i]), "km", "ASC", "COUNT", K)  # fmt: skip
-            commands += len(batch)
-            for i, members in zip(batch, pipe.execute(), strict=True):
-                if len(members) >= K:
-                    found[i] = [int(m) for m in members]
-                else:
-                    radius[i] *= 2
-                    short.append(i)
-        pending = short
-    return found, radius, commands
-
-
-def haversine_reference(points: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """The exact great-circle 10-NN of each query (indices into ``points``)."""
-    from sklearn.neighbors import BallTree
-
-    lo, hi = queries.min(axis=0) - 1.0, queries.max(axis=0) + 1.0  # 1 degree around the region
-    near = np.flatnonzero(((points >= lo) & (points <= hi)).all(axis=1))
-    tree = BallTree(np.radians(points[near]), metric="haversine")
-    return near[tree.query(np.radians(queries), k=K)[1]]
-
-
-def overlap(a: list[list[int]] | np.ndarray, b: np.ndarray) -> float:
-    """Mean fraction of each query's 10 neighbours in ``a`` that are also in ``b``."""
-    return float(np.mean([len(set(x) & set(y.tolist())) / K for x, y in zip(a, b, strict=True)]))
-
-
-class RedisRunner(Runner):
-    """A private redis-server on 127.0.0.1 (no persistence); GEOADD, then GEOSEARCH."""
-
-    name = "redis"
-
-    def __init__(self, points: np.ndarray, queries: np.ndarray, args: argparse.Namespace, net: Any) -> None:
-        super().__init__(points, queries)
-        import redis
-        from sklearn.neighbors import KDTree
-
-        server = shutil.which("redis-server") or "/usr/bin/redis-server"
-        if not os.access(server, os.X_OK):
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-        self.queries, self.n = queries, len(points)
-        self.ref_kd = KDTree(points, leaf_size=LEAF).query(queries, k=K)[1]
-        self.ref_hav = haversine_reference(points, queries)
-        lon = np.clip(points[:, 1], -180.0, 180.0)  # GEOADD rejects |lon| > 180 (none near the region)
-        self.commands = []  # GEOADD argument lists of 10,000 points each, made untimed
-        for s in range(0, len(points), 10_000):
-            flat: list = []
-            for j in range(s, min(s + 10_000, len(points))):
-                flat += (float(lon[j]), float(points[j, 0]), str(j))
-            self.commands.append(flat)
-        self.tmp = tempfile.TemporaryDirectory(prefix="clamor-kdtree-redis-")
-        port = free_port()
-        self.proc = subprocess.Popen(
-            [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", self.tmp.name, "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--logfile", os.path.join(self.tmp.name, "redis.log")],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        self.r = redis.Redis(host="127.0.0.1", port=port)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self.r.ping()
-                break
-            except redis.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.close()
-                    raise RuntimeError(f"redis-server did not start (exit {self.proc.poll()})") from None
-                time.sleep(0.05)
-        self.answer: list | None = None
-
-    def fresh(self) -> None:
-        self.r.flushall()
-
-    def first(self) -> list:
-        t0 = time.perf_counter()
-        pipe = self.r.pipeline(transaction=False)
-        for flat in self.commands:
-            pipe.execute_command("GEOADD", "pts", *flat)
-            if len(pipe) >= 20:
-                pipe.execute()
-        pipe.execute()
-        self.ship.append(time.perf_counter() - t0)
-        return self.again()
-
-    def again(self) -> list:
-        found, self.radius, self.sent = redis_search(self.r, self.queries)
-        return found
-
-    def settle(self) -> None:
-        if self.r.zcard("pts") != self.n:
-            self.fresh()
-            self.first()
-
-    def mark(self) -> None:
-        self.n0 = self.r.info("stats")
-
-    def count(self, case: str) -> int:
-        n0, n1 = self.n0, self.r.info("stats")
-        return (n1["total_net_input_bytes"] - n0["total_net_input_bytes"]
-                + n1["total_net_output_bytes"] - n0["total_net_output_bytes"])  # fmt: skip
-
-    def check(self, found: list) -> tuple[bool, str]:
-        if (loaded := self.r.zcard("pts")) != self.n:
-            return False, f"WRONG: {loaded} members loaded, expected {self.n}"
-        hav = overlap(found, self.ref_hav)
-        self.fields.update({"overlap_haversine": hav, "overlap_kdtree": overlap(found, self.ref_kd),
-                            "geosearch_per_query": self.sent / len(self.queries),
-                            "radius_km_median": float(np.median(self.radius)),
-                            "radius_km_max": float(self.radius.max())})  # fmt: skip
-        self.answer = self.answer or found
-        if found != self.answer or hav < 0.99:
-            return False, f"WRONG: overlap with the exact haversine 10-NN {hav:.3f} (< 0.99) or passes differ"
-        return True, ""
-
-    def rss(self, parts: list) -> int:
-        import psutil
-
-        return psutil.Process(self.proc.pid).memory_info().rss
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.tmp.cleanup()
-
-
 RUNNERS = {"clamor": ClamorRunner, "redis": RedisRunner, "dask": DaskRunner, "ray": RayRunner,
            "limit-sklearn": SklearnLimit, "limit-fork": ForkLimit}  # fmt: skip
 
 
-# --- the protocol, in each child --------------------------------------------------------
-
-
-def measure(runner: Runner, args: argparse.Namespace) -> list[dict]:
-    """``args.cold`` cold passes (each after an untimed ``fresh()``), then an untimed
-    warm-up pass and ``args.repeat`` timed steady passes; both cases' rows."""
-    seconds: dict[str, list[float]] = {COLD: [], STEADY: []}
-    moved: dict[str, list] = {COLD: [], STEADY: []}
-    notes: list[str] = []
-    rss: list[int] = []
-    ok = True
-
-    def timed(case: str, call: Any) -> None:
-        """``call()`` timed for ``case`` (``""``: the warm-up, untimed), then checked."""
-        nonlocal ok
-        runner.mark()
-        t0 = time.perf_counter()
-        parts = call()
-        if case:
-            seconds[case].append(time.perf_counter() - t0)
-            moved[case].append(runner.count(case))
-        good, why = runner.check(parts)
-        ok &= good
-        if why and why not in notes:
-            notes.append(why)
-        rss.append(runner.rss(parts))
-
-    try:
-        for rep in range(args.cold):
-            runner.fresh()
-            timed(COLD, runner.first)
-            progress(f"  {runner.name} cold {rep + 1}/{args.cold}: {seconds[COLD][-1]:.3f} s"
-                     + (f" (shipping {runner.ship[-1]:.3f} s)" if runner.ship else ""))  # fmt: skip
-        runner.settle()
-        timed("", runner.again)  # the untimed warm-up pass at full size
-        for _ in range(args.repeat):
-            timed(STEADY, runner.again)
-        progress(f"  {runner.name} steady: " + " ".join(f"{s:.3f}" for s in seconds[STEADY]) + " s")
-    finally:
-        runner.close()
-    if note := runner.fields.pop("release_note", None):
-        notes.append(note)
-    common = {"peak_worker_rss": max(rss, default=None), "note": "; ".join(notes), "correct": ok,
-              "checked": ok, "limit": runner.limit, **runner.fields}  # fmt: skip
-    return [row(runner.name, COLD, seconds[COLD], bytes_runs=moved[COLD], ship_runs=runner.ship, **common),
-            row(runner.name, STEADY, seconds[STEADY], bytes_runs=moved[STEADY], **common)]  # fmt: skip
+# --- the child and the parent (the table and the goals: kdtree_report.py) ------------------
 
 
 def child_main(args: argparse.Namespace) -> None:
@@ -665,147 +410,6 @@ def child_main(args: argparse.Namespace) -> None:
             rows.extend(measure(RUNNERS[system](points, queries, args, net), args))
 
     harness.child_main(args.child, args.child_out, CASES, run, label=label(args.child))
-
-
-# --- the result: rows finished after the passes merged, the table, the goals ---------------
-
-
-def finish(rows: list[dict], n_queries: int) -> None:
-    """Fields computed from every pass's repetitions (``harness.merge`` keeps the first
-    pass's scalars): bytes moved and shipping seconds (medians), throughput, the interval."""
-    for r in rows:
-        s = r["seconds"]
-        r["queries_per_s"] = n_queries / median(s) if s else None
-        r["median_ci"] = median_ci(s) if s else None
-        if bytes_runs := [b for b in r.get("bytes_runs") or [] if b is not None]:
-            r["bytes_moved"] = int(median(bytes_runs))
-        r["ship_s"] = median(r["ship_runs"]) if r.get("ship_runs") else None
-        if r["system"] == "clamor" and r["case"] == COLD and r.get("pages_fetched_runs") and r.get("page_size"):
-            read = [f + m for f, m in zip(r["pages_fetched_runs"], r["pages_mapped_runs"], strict=True)]
-            r["fraction_paged"] = median(read) * r["page_size"] / r["tree_bytes"]  # fetched or mapped
-
-
-def fastest_limit(rows: list[dict], case: str) -> dict | None:
-    return min((r for r in rows if r["case"] == case and r.get("limit") and r["seconds"]),
-               key=lambda r: median(r["seconds"]), default=None)  # fmt: skip
-
-
-def fastest_peer(result: dict, case: str) -> tuple[dict | None, float | None]:
-    """The peer program (not Clamor, not a limit) with the lowest median in ``case``, and
-    its median over Clamor's (above 1: Clamor is faster)."""
-    peers = [r for r in result["rows"] if r["case"] == case and r["system"] != "clamor"
-             and not r.get("limit") and r["seconds"]]  # fmt: skip
-    best = min(peers, key=lambda r: median(r["seconds"]), default=None)
-    return best, (ratio(result, best["system"], case) if best else None)
-
-
-def mib(n: float | None) -> str:
-    return "—" if n is None else f"{n / 2**20:.1f}"
-
-
-def render(result: dict) -> str:
-    p, rows = result["params"], result["rows"]
-    lines = [
-        f"# k-d tree 10-NN queries around San Francisco ({p['points']:,} points, {p['queries']:,} queries)",
-        "",
-        (f"{p['workers']} workers, {p['tasks']} tasks, sklearn KDTree (leaf {LEAF}); {p['passes']} passes x "
-         f"{p['repeat']} steady passes and {p['passes']} x {p['cold']} cold passes per system. Clamor page "
-         f"size {result.get('page_size') or '?'} B, transport `{p['transport']}`."),
-        "",
-        ("| system | case | median (s) | 95 % interval | min (s) | runs | queries/s | ÷ limit | ÷ Clamor "
-         "| shipping (s) | bytes moved (MiB) | peak worker RSS (MiB) | note |"),
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        s = r["seconds"]
-        if not s:
-            lines.append(f"| {r['system']} | {r['case']} | — | — | — | 0 | — | — | — | — | — | — | {r['note']} |")
-            continue
-        ci, q, lim = median_ci(s), ratio(result, r["system"], r["case"]), fastest_limit(rows, r["case"])
-        ship = "—" if r.get("ship_s") is None else f"{r['ship_s']:.3f}"
-        over = median(s) / median(lim["seconds"]) if lim else None
-        lines.append(
-            f"| {r['system']} | {r['case']} | {median(s):.3f} | "
-            f"{'—' if ci is None else f'{ci[0]:.3f}–{ci[1]:.3f}'} | {min(s):.3f} | {len(s)} | "
-            f"{r['queries_per_s']:,.0f} | {'—' if over is None else f'{over:.2f}×'} | "
-            f"{'—' if q is None or r['system'] == 'clamor' else f'{q:.2f}×'} | "
-            f"{ship} | {mib(r.get('bytes_moved'))} | "
-            f"{mib(r['peak_worker_rss'])} | {r['note']} |")
-    lim = {c: fastest_limit(rows, c) for c in CASES}
-    lines += ["", "÷ limit: over the fastest limit row of the case ("
-              + "; ".join(f"{c}: {lim[c]['system']}" for c in CASES if lim[c]) + ")."]
-    for r in rows:
-        if r["system"] == "redis" and r["case"] == STEADY and r["seconds"] and "geosearch_per_query" in r:
-            lines += ["", (f"Redis: GEOADD load {median(find(rows, 'redis', COLD).get('ship_runs') or [0]):.2f} s "
-                      f"(median); {r['geosearch_per_query']:.2f} GEOSEARCH per query (median radius "
-                      f"{r['radius_km_median']:.2f} km, max {r['radius_km_max']:.1f} km); neighbour overlap "
-                      f"with the KDTree (Euclidean on lat/lon) {r['overlap_kdtree']:.3f}, with the exact "
-                      f"haversine 10-NN {r['overlap_haversine']:.3f}.")]  # fmt: skip
-        if r["system"] == "clamor" and r["case"] == COLD and r.get("fraction_paged"):
-            lines += ["", (f"Clamor's workers read {100 * r['fraction_paged']:.1f} % of the {mib(r['tree_bytes'])} "
-                      f"MiB tree's pages in a cold pass (median: {median(r['pages_fetched_runs']):g} pages copied "
-                      f"into their caches, {median(r['pages_mapped_runs']):g} mapped in place from the driver's "
-                      "memory; bytes moved counts the copies).")]  # fmt: skip
-    lines += ["", "## Goals", ""]
-    for g in result["goals"]:
-        v = "n/a" if g["value"] is None else f"{g['value']:.2f}×"
-        lines.append(f"- {g['goal']}: {v} — {'met' if g['met'] else 'NOT met'}" + (f" ({g['why']})" if g["why"] else ""))
-    return "\n".join(lines) + "\n"
-
-
-def _cold_why(result: dict, peer: dict) -> str:
-    """Why Clamor's first pass is not far ahead of ``peer``'s: computed from the rows."""
-    rows = result["rows"]
-    c_cold, c_steady = find(rows, "clamor", COLD), find(rows, "clamor", STEADY)
-    if not (c_cold and c_steady and c_cold["seconds"] and c_steady["seconds"]):
-        return "Clamor was not measured (see its rows)"
-    p_cold = median(peer["seconds"])
-    text = (f"Clamor's first pass took {median(c_cold['seconds']):.3f} s and its steady pass (the same "
-            f"queries, the tree already paged in) {median(c_steady['seconds']):.3f} s; {peer['system']}'s "
-            f"first pass took {p_cold:.3f} s"
-            + (f", {peer['ship_s']:.3f} s of it shipping the tree" if peer.get("ship_s") is not None else "")
-            + f": even a first pass costing no more than its steady pass would put Clamor at most "
-            f"{p_cold / median(c_steady['seconds']):.2f}x ahead at this tree size")
-    if c_cold.get("fraction_paged"):
-        text += (f"; Clamor's workers read {100 * c_cold['fraction_paged']:.1f} % of the "
-                 f"{mib(c_cold.get('tree_bytes'))} MiB tree's pages")
-    lim = fastest_limit(rows, STEADY)
-    if lim:
-        text += f"; the steady pass of {lim['system']} takes {median(lim['seconds']):.3f} s"
-    if result["params"]["network"] == "loopback" and peer["system"] == "ray":
-        text += (". Hypothesis: on one host ray.put is one memory copy into shared memory that Ray's "
-                 "workers map in place, so shipping the whole tree costs little; paging in only the part "
-                 "the region touches pays off behind a real link (kdtree-network)")
-    return text
-
-
-def goals(result: dict[str, Any], net: str | None) -> list[dict]:
-    """The issues' goals against the fastest peer program of each case, from the rows."""
-    rows = result["rows"]
-    wrong = sorted({r["system"] for r in rows if r.get("correct") is False})
-    why = f"wrong answers: {', '.join(wrong)}" if wrong else ""
-    peer, value = fastest_peer(result, COLD)
-    name = peer["system"] if peer else "none measured"
-    out = [goal(f">= 3x faster than the fastest peer program ({name}), first pass (cold)", value, 3.0, why)]
-    if net is None:
-        out.append(goal(f">= 1.5x faster than the fastest peer program ({name}), first pass (cold), on one host "
-                        "(issue 19)", value, 1.5, why))  # fmt: skip
-        out.insert(0, goal(">= 100x Redis's query throughput (steady)", ratio(result, "redis", STEADY), 100.0, why))
-    for g in out:
-        g["met"] = g["met"] and not wrong
-        if g["met"] or g["why"] or g["value"] is None:
-            continue
-        if g["goal"].startswith(">= 100x Redis"):
-            r, c = find(rows, "redis", STEADY), find(rows, "clamor", STEADY)
-            g["why"] = (f"Redis answered {r.get('geosearch_per_query', 0):.2f} GEOSEARCH commands per query "
-                        f"(the radius doubles from {R0_KM} km until 10 come back; median radius "
-                        f"{r.get('radius_km_median', 0):.2f} km) in a {median(r['seconds']):.3f} s pass, "
-                        f"Clamor's {WORKERS} workers {median(c['seconds']):.3f} s. Hypothesis: one redis-py "
-                        "client pipelining to one single-threaded redis-server, sharing this machine's cores, "
-                        "is the bound; the paper compares against Redis on a cluster")  # fmt: skip
-        elif peer is not None:
-            g["why"] = _cold_why(result, peer)
-    return out
 
 
 def main() -> None:

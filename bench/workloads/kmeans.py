@@ -66,20 +66,13 @@ from pathlib import Path
 import harness
 import numpy as np
 from harness import progress
+from harness.options import arguments, systems
 from harness.results import goal, median, row, save, unavailable
-from peers import (
-    WORKERS,
-    DaskSession,
-    SharedMemorySession,
-    _shm_view,
-    arguments,
-    family,
-    limit_row,
-    markdown,
-    systems,
-)
-
-from workloads.logreg import RssSampler
+from harness.tables import limit_row, markdown
+from harness.usage import RssSampler
+from limits import SharedMemorySession, _shm_view
+from peers import WORKERS, DaskSession
+from programs import family
 
 PROGRAMS = ("clamor", "mpi", "dask", "spark", "shm", "numpy")
 LABELS = {"shm": f"limit: shared memory, {WORKERS} processes",

@@ -66,7 +66,13 @@ compare Clamor with the fastest program of each peer.
 ``--network [RATE]`` (``harness/network.py``): the workers on simulated hosts behind
 links of RATE (1gbit) and the driver's uplink shaped to RATE; programs by default clamor,
 ray-ship, ray-actor and the limit (which runs no network). Writes
-``bench/results/logreg-network.json``. :class:`RssSampler` is also used by ``kmeans.py``.
+``bench/results/logreg-network.json``.
+
+The data (the examples, the partitions, what a ship program sends) is made in
+``logreg_data.py``, the parent's checks and goals are in ``logreg_report.py``; the task
+functions (``grad_rows``, ``task_grad``, ``ps_task``, ``ParameterServer`` and what they
+call) stay here, in the child's ``__main__``, so that every system pickles them by value
+and no worker needs ``bench/`` on its path.
 """
 
 from __future__ import annotations
@@ -74,8 +80,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -84,12 +88,28 @@ from typing import Any
 import harness
 import numpy as np
 from harness import network, progress
-from harness.results import goal, median_ci, ratio, row, save, tree_rss
-from peers import WORKERS, markdown
+from harness.results import row, save, tree_rss
+from harness.tables import markdown
+from harness.usage import RssSampler
+from peers import WORKERS
 
-FIELDS, NUMERIC = 39, 13
-CASE, COLD = "per iteration", "first iteration (cold)"
-CASES = (CASE, COLD)
+from workloads.logreg_data import (
+    FIELDS,
+    batches,
+    make_examples,
+    shipments,
+    shipped_bytes,
+)
+from workloads.logreg_report import (
+    CASE,
+    CASES,
+    COLD,
+    PEERS,
+    check,
+    goals,
+    statistics_of,
+)
+
 #: Program (``--child``/``--only`` name) -> its row's system name.
 PROGRAMS = {
     "clamor": "clamor",
@@ -102,73 +122,11 @@ PROGRAMS = {
     "ipyparallel-broadcast": "ipyparallel (broadcast w)",
     "limit": "limit: numpy, one process",
 }
-PEERS = ("ray", "dask", "ipyparallel")
 DEFAULT = ("clamor", "ray-ship", "ray-actor", "dask-ship", "ipyparallel-ship", "limit")
 NETWORK_DEFAULT = ("clamor", "ray-ship", "ray-actor", "limit")
-#: Goal per peer: its fastest program's median iteration / Clamor's (issue 8's targets).
-TARGETS = {"ray": 1.5, "dask": 3.0, "ipyparallel": 3.0}
-NETWORK_TARGET = 3.0
 
 
-# --- worker memory (shared with kmeans.py) ---------------------------------------------
-
-
-class RssSampler:
-    """Peak resident memory of the largest worker (with its children), sampled every 0.1 s
-    in a thread while the measured system runs; ``pids`` is set once they are known."""
-
-    def __init__(self) -> None:
-        self.pids: list[int] = []
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            self.sample()
-
-    def sample(self) -> int:
-        if self.pids:
-            self.peak = max(self.peak, tree_rss(self.pids))
-        return self.peak
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.sample()
-
-
-# --- the data: Criteo-like hashed examples -------------------------------------------------
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a well-spread 64-bit hash of ``x`` (uint64)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def make_examples(n: int, dim: int, seed: int, zipf: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``n`` examples: feature ids (n x 39 int64 in [0, dim)), values (float64), labels.
-
-    Field f's value is a Zipf(``zipf``) rank (numeric fields: a log2 bucket of a Zipf
-    count, with value log1p(count)/10); the id is a hash of (f, value) mod ``dim``. Labels
-    are Bernoulli draws from a hidden model whose weight for an id is also a hash.
-    """
-    rng = np.random.default_rng(seed)
-    ranks = rng.zipf(zipf, size=(n, FIELDS)).astype(np.uint64)
-    val = np.ones((n, FIELDS))
-    counts = ranks[:, :NUMERIC].astype(np.float64)
-    val[:, :NUMERIC] = np.log1p(counts) / 10.0
-    ranks[:, :NUMERIC] = np.floor(np.log2(counts)).astype(np.uint64)
-    with np.errstate(over="ignore"):
-        keys = _mix(ranks * np.uint64(64) + np.arange(FIELDS, dtype=np.uint64))
-        idx = (keys % np.uint64(dim)).astype(np.int64)
-        truth = ((_mix(keys) >> np.uint64(40)).astype(np.float64) / 2**24 - 0.5) * 2.0
-    z = (truth * val).sum(axis=1)
-    y = (rng.random(n) < 1.0 / (1.0 + np.exp(-z))).astype(np.float64)
-    return idx, val, y
+# --- the gradient and the update (the tasks shipped by value: in the child's __main__) -----
 
 
 def grad_rows(idx: np.ndarray, val: np.ndarray, y: np.ndarray, w: np.ndarray,
@@ -195,31 +153,6 @@ def task_grad(data: Sequence[np.ndarray], ids: np.ndarray | None, w: np.ndarray,
     p = 1.0 / (1.0 + np.exp(-(wl[local] * v).sum(axis=1)))
     g = np.bincount(local.ravel(), weights=((p - y[lo:hi])[:, None] * v).ravel(), minlength=len(ids))
     return ids, g, os.getpid()
-
-
-def batches(p: dict) -> list[list[tuple[int, int]]]:
-    """Per iteration, its P partitions' row ranges (iteration t: rows [t*B, (t+1)*B))."""
-    b, parts = p["batch"], p["partitions"]
-    out = []
-    for t in range(p["iterations"]):
-        edges = np.linspace(t * b, (t + 1) * b, parts + 1).astype(int)
-        out.append([(int(edges[j]), int(edges[j + 1])) for j in range(parts)])
-    return out
-
-
-def shipments(idx: np.ndarray, w: np.ndarray, parts: list[tuple[int, int]]) -> list[tuple]:
-    """The arguments after ``data`` of each task of a ship program: ``(ids, w[ids], lo,
-    hi)``, the ids its rows touch (what Clamor's tasks prefetch)."""
-    out = []
-    for lo, hi in parts:
-        ids = np.unique(idx[lo:hi])
-        out.append((ids, w[ids], lo, hi))
-    return out
-
-
-def shipped_bytes(idx: np.ndarray, parts: list[tuple[int, int]]) -> int:
-    """What shipping ``ids`` and ``w[ids]`` to each task of an iteration sends (16 B an id)."""
-    return sum(16 * len(np.unique(idx[lo:hi])) for lo, hi in parts)
 
 
 def zeros(n: int) -> np.ndarray:
@@ -566,83 +499,7 @@ def run(program: str, p: dict, net: Any) -> list[dict]:
     return {"ray": run_ray, "dask": run_dask, "ipyparallel": run_ipyparallel}[peer](p, net, how)
 
 
-# --- the parent -------------------------------------------------------------------------------
-
-
-def check(rows: list[dict], ref: list[float]) -> None:
-    """Mark a row whose losses (every pass's) differ from the reference (rtol 1e-6)."""
-    for r in rows:
-        got = r.get("losses_runs")
-        if not r["seconds"] or got is None:
-            continue
-        ok = len(got) % len(ref) == 0 and np.allclose(np.reshape(got, (-1, len(ref))), ref,
-                                                      rtol=1e-6, atol=1e-12)  # fmt: skip
-        r["correct"] = bool(ok)
-        if not ok:
-            r["note"] = (r["note"] + "; " if r["note"] else "") + (
-                f"WRONG: losses {np.round(got, 6).tolist()} != reference {np.round(ref, 6).tolist()}")
-
-
-def statistics_of(rows: list[dict]) -> None:
-    """Each row's median, minimum and 95 % interval of the median (None under 6 values)."""
-    for r in rows:
-        s = r["seconds"]
-        r["median"] = statistics.median(s) if s else None
-        r["min"] = min(s) if s else None
-        r["ci95"] = median_ci(s) if s else None
-
-
-def peer_of(system: str) -> str | None:
-    return next((peer for peer in PEERS if system == peer or system.startswith(peer + " ")), None)
-
-
-def fastest(result: dict, peer: str, case: str = CASE) -> dict | None:
-    """The row of ``peer``'s program with the lowest median for ``case`` (correct ones only)."""
-    rows = [r for r in result["rows"] if peer_of(r["system"]) == peer and r["case"] == case
-            and r["seconds"] and r.get("correct", True)]  # fmt: skip
-    return min(rows, key=lambda r: r["median"], default=None)
-
-
-def ms(x: float) -> str:
-    return f"{x * 1e3:.1f} ms"
-
-
-def goals(result: dict, net: str | None) -> list[dict]:
-    """Per peer: Clamor's median iteration against the fastest program of that peer (issue 8's
-    targets: 1.5x Ray on one host, where Ray's workers map one shared object store, 3x Dask and
-    ipyparallel, 3x every peer on a network). The why: both iterations, taken apart."""
-    rows = result["rows"]
-    c = next((r for r in rows if r["system"] == "clamor" and r["case"] == CASE and r["seconds"]), None)
-    limit = next((r for r in rows if r.get("limit") and r["case"] == CASE and r["seconds"]), None)
-    out = []
-    for peer in PEERS:
-        best = fastest(result, peer)
-        if best is None and not any(peer_of(r["system"]) == peer for r in rows):
-            continue
-        target = NETWORK_TARGET if net else TARGETS[peer]
-        value = ratio(result, best["system"], CASE) if best and c and c.get("correct", True) else None
-        why = "not measured (or a wrong answer)"
-        if value is not None:
-            pages = statistics.median(c["bytes_runs"]) / result["page_size"]
-            update = statistics.median(c["update_seconds_runs"])
-            why = (f"fastest {peer} program: {best['system']}, median {ms(best['median'])} an iteration "
-                   f"({statistics.median(best['bytes_runs']) / 1024:.0f} KiB of weights and ids shipped); "
-                   f"Clamor's median {ms(c['median'])}: {ms(update)} of it the driver's update of w, "
-                   f"{ms(c['median'] - update)} the stage ({pages:,.0f} pages read by the workers)")  # fmt: skip
-            if best.get("update_seconds_runs"):
-                peer_update = statistics.median(best["update_seconds_runs"])
-                why += f"; the peer's merge and update take {ms(peer_update)}"
-            if limit is not None:
-                why += (f"; one numpy process takes {ms(limit['median'])} an iteration, so Clamor is "
-                        f"{c['median'] / limit['median']:.1f}x it and the peer {best['median'] / limit['median']:.1f}x")
-            if value < target:
-                per_task = statistics.median(best["bytes_runs"]) / result["params"]["partitions"]
-                why += (f"; Hypothesis: with {per_task / 1024:.0f} KiB of ids and weights per task, "
-                        "shipping them costs the peer less than Clamor's per-stage fixed cost (control "
-                        "plane, a fault or mapping per page, the accumulator's merge)")  # fmt: skip
-        out.append(goal(f"per iteration >= {target:g}x faster than {peer} (its fastest program)",
-                        value, target, why))  # fmt: skip
-    return out
+# --- the parent (its checks and goals: logreg_report.py) -------------------------------------
 
 
 def choose(ap: argparse.ArgumentParser, only: str | None, net: str | None) -> list[str]:
@@ -661,8 +518,8 @@ def choose(ap: argparse.ArgumentParser, only: str | None, net: str | None) -> li
 
 
 def arguments() -> argparse.ArgumentParser:
-    """``peers.arguments``'s options (--quick --repeat --passes --only --timeout --wait-idle),
-    with this workload's program names, and its own."""
+    """``harness.options.arguments``'s options (--quick --repeat --passes --only --timeout
+    --wait-idle), with this workload's program names, and its own."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="D=10^7 weights, 3 timed iterations, 1 pass")
     ap.add_argument("--repeat", type=int, default=None, help="timed iterations per pass (10; quick 3)")

@@ -18,7 +18,8 @@ random chosen pages at random offsets, shuffled and cut into ``T`` tasks of ``L`
 a task returns ``table[keys].sum()``. Every task's sum is compared with the driver's
 numpy answer; a wrong answer marks the row (``checked: false`` and a note).
 
-Systems (each in its own child process; ``peers.py`` has the sessions):
+Systems (each in its own child process; ``peers.py`` has the sessions, ``limits.py`` the
+limits'):
 
 * ``clamor``: the table is a ``clamor.empty`` arena array; ``cluster.run_stage`` with
   the tasks placed round-robin, each shipping a reference; a task first calls
@@ -69,7 +70,7 @@ repetitions on), the bytes moved, the release's seconds (``release_s_runs``), an
 workers' memory: the largest RSS (``common.tree_rss``) of the processes that ran the
 tasks, read right after the stage while they still hold what they were sent, and the
 same plus the part of a Clamor worker's page cache (a memfd) that RSS does not show
-(``peers.worker_memory``); ``idle_worker_rss`` is a worker's memory after the one-page
+(``harness.usage.worker_memory``); ``idle_worker_rss`` is a worker's memory after the one-page
 warm-up. For Clamor the driver's per-page request counters must show exactly the chosen
 pages requested in the cold repetitions. Goals compare Clamor with each peer's faster
 program (its smaller one for memory), every explanation computed from the rows. Writes
@@ -90,25 +91,20 @@ from pathlib import Path
 
 import numpy as np
 from harness import child_main, network, progress, run_all
+from harness.options import arguments, systems
 from harness.results import goal, median, row, save
-from peers import (
+from harness.tables import find, fmt_bytes, limit_row, markdown
+from harness.usage import OtherLoad, worker_memory
+from peers import WORKERS
+from programs import (
     LIMITS,
     PEERS,
     PROGRAMS,
-    WORKERS,
-    OtherLoad,
-    arguments,
     family,
-    find,
-    fmt_bytes,
     is_limit,
     label,
-    limit_row,
-    markdown,
     open_session,
     ships_values,
-    systems,
-    worker_memory,
 )
 
 FRACTIONS = (0.01, 0.10, 1.00)

@@ -63,7 +63,8 @@ import harness
 import numpy as np
 from harness import network, progress
 from harness.results import goal, row, save
-from peers import _shm_init, _shm_task, markdown
+from harness.tables import markdown
+from limits import _shm_init, _shm_task
 
 TASKS_PER_WORKER = 2  # zipf lookups; the burst runs one task per worker
 CONFIGS = {"on": True, "off": False}
@@ -200,7 +201,7 @@ def run_config(args: argparse.Namespace, config: str, hosts: int, net: Any = Non
 
 def run_limit(args: argparse.Namespace, hosts: int) -> list[dict]:
     """The limit: a fork pool of ``hosts`` processes (made before the table exists) over
-    one ``SharedMemory`` table, running the same tasks (``peers._shm_task``: each process
+    one ``SharedMemory`` table, running the same tasks (``limits._shm_task``: each process
     attaches the block by name once); per case a warm-up, then the timed repetitions."""
     import multiprocessing
     from multiprocessing import resource_tracker, shared_memory

@@ -70,7 +70,8 @@ import harness
 import numpy as np
 from harness import progress
 from harness.results import goal, ratio, row, save, tree_rss
-from peers import SharedMemorySession, _shm_view, markdown
+from harness.tables import markdown
+from limits import SharedMemorySession, _shm_view
 
 MiB = 1 << 20
 WORKERS = 2

@@ -17,8 +17,9 @@ each, task ``t`` taking random keys on worker ``t mod W``'s pages (Clamor places
 ``t`` on that worker; the peers' schedulers place tasks as they like). A task returns
 the sum of its keys' values.
 
-Systems (each in its own child process; ``peers.py`` has the sessions): ``clamor``
-(the table in the arena, tasks shipping a reference, workers faulting pages in);
+Systems (each in its own child process; the sessions in ``peers.py`` and
+``limits.py``): ``clamor`` (the table in the arena, tasks shipping a reference,
+workers faulting pages in);
 ``dask`` / ``ray`` / ``ipyparallel``, the broadcast programs (``client.scatter(table,
 broadcast=True, hash=False)``, ``ray.put(table)`` on an object store sized for two
 copies, ``rc[:].push``), each task taking the broadcast handle; ``<peer>-values``
@@ -72,24 +73,19 @@ from pathlib import Path
 
 import numpy as np
 from harness import child_main, network, progress, run_all
+from harness.options import arguments, systems
 from harness.results import goal, median, row, save
-from peers import (
+from harness.tables import find, fmt_bytes, limit_row, markdown
+from harness.usage import OtherLoad, worker_memory
+from peers import WORKERS
+from programs import (
     LIMITS,
     PROGRAMS,
-    WORKERS,
-    OtherLoad,
-    arguments,
     family,
-    find,
-    fmt_bytes,
     is_limit,
     label,
-    limit_row,
-    markdown,
     open_session,
     ships_values,
-    systems,
-    worker_memory,
 )
 
 CASES = ("lookup only", "iteration", "update")

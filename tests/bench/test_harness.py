@@ -68,3 +68,13 @@ def test_every_committed_result_is_readable_by_the_report(name):
     data = json.loads((summary.RESULTS / name).read_text())
     if summary.is_common(data):
         summary.section(data) if not summary.is_dense(data) else summary.dense_section(data)
+
+
+def test_run_lists_the_workload_scripts_not_the_parts_they_import():
+    import run
+
+    assert {"dense", "kdtree", "logreg", "lookups", "same_host"} <= set(run.ALL_WORKLOADS)
+    parts = {p.stem for p in (run.BENCH / "workloads").glob("*_*.py")
+             if 'if __name__ == "__main__":' not in p.read_text()}  # fmt: skip
+    assert {"dense_peers", "kdtree_report", "logreg_data"} <= parts
+    assert not parts & set(run.ALL_WORKLOADS)
