@@ -22,7 +22,9 @@ Programs (``--only`` takes these names, or a peer's name for its default program
 * **clamor**: examples and ``w`` in the arena (``clamor.asarray``/``clamor.empty``); one
   stage per iteration (``cluster.range(lo, hi, partitions=P).map_partitions``); a task
   prefetches its rows and ``w[np.unique(idx[rows])]`` (``clamor.prefetch``), adds its
-  gradient into an accumulator (merged at the barrier); the driver updates ``w`` in place,
+  gradient into an accumulator (merged at the barrier); the driver updates ``w`` in place
+  with ``clamor.write(w, ids, w[ids] - step * g[ids])``, the docs' way for a sparse update
+  (``w[ids] -= ...`` takes a write-protect fault per page written: see docs/paging.md),
   and workers re-fetch only the pages they touch that changed.
 * **ray-ship** "ray (ship w[ids])": the driver computes each task's ``ids`` and passes
   ``ids`` and ``w[ids]`` by value (16 bytes an id; Ray inlines small arguments, and the
@@ -225,8 +227,10 @@ class Driver:
         if g is None:
             apply_sparse(self.w, pieces, step)
         else:
+            import clamor  # Clamor's program only: the update without a write fault per page
+
             touched = np.unique(self.idx[parts[0][0]:parts[-1][1]])
-            self.w[touched] -= step * g[touched]
+            clamor.write(self.w, touched, self.w[touched] - step * g[touched])
             g[touched] = 0.0
         self._update = time.perf_counter() - t0
 
