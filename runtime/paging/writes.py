@@ -68,9 +68,9 @@ def _native_rows(array: Any, index: Any) -> np.ndarray | None:
     if isinstance(index, tuple) or array.dtype.hasobject:
         return None
     inner = array.shape[1:]
-    contiguous = np.lib.stride_tricks.as_strided(np.empty(0, array.dtype), inner).strides if inner else ()
+    contiguous = tuple(array.itemsize * math.prod(inner[i + 1:]) for i in range(len(inner)))
     if array.strides[1:] != contiguous and math.prod(inner) > 1:
-        return None
+        return None  # a row is not one run of bytes
     n = array.shape[0]
     rows = selected_rows(n, index, "write").astype(np.int64, copy=False)
     rows = np.where(rows < 0, rows + n, rows)

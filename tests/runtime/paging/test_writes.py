@@ -74,13 +74,26 @@ def test_write_is_numpys_assignment(cluster, index, values):
     assert np.array_equal(cluster.run(lambda x: x.copy(), a, worker=1), expected)
 
 
-def test_rows_of_a_2d_array_are_written_whole(cluster):
-    m = clamor.asarray(np.zeros((512, 16), np.int32))
-    rows = np.array([0, 100, 511])
-    clamor.write(m, rows, np.arange(16, dtype=np.int32))
-    expected = np.zeros((512, 16), np.int32)
-    expected[rows] = np.arange(16)
+@pytest.mark.parametrize("shape", [(512, 16), (64, 4, 8)])
+def test_rows_of_a_2d_or_3d_array_are_written_whole(cluster, shape):
+    m = clamor.asarray(np.zeros(shape, np.int32))
+    rows = np.array([0, 10, shape[0] - 1])
+    before = direct_writes(cluster)
+    clamor.write(m, rows, np.arange(shape[-1], dtype=np.int32))
+    expected = np.zeros(shape, np.int32)
+    expected[rows] = np.arange(shape[-1])
     assert np.array_equal(cluster.run(lambda x: x.copy(), m, worker=0), expected)
+    assert direct_writes(cluster) - before == len(rows)
+
+
+def test_rows_that_are_not_one_run_of_bytes_are_written_the_ordinary_way(cluster):
+    m = clamor.asarray(np.zeros((64, 8)))
+    before = direct_writes(cluster)
+    clamor.write(m[:, ::2], [1, 2], 5.0)  # every other column: a row is four pieces
+    expected = np.zeros((64, 8))
+    expected[[1, 2], ::2] = 5.0
+    assert np.array_equal(cluster.run(lambda x: x.copy(), m, worker=1), expected)
+    assert direct_writes(cluster) == before
 
 
 def test_a_replay_of_an_epoch_before_the_write_reads_the_old_values(cluster):
