@@ -1,9 +1,6 @@
 /* The driver's page table (driver_pages.h): versions, the version log, the directory
  * and the per-page counters, and the page server's answers from them. How versions
  * work: driver_pager.c's opening comment. */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* SEEK_DATA, SEEK_HOLE */
-#endif
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -18,9 +15,6 @@
 #include "driver_zap.h"
 #include "pager_common.h"
 
-#define RW_BLOCK (2u << 20)
-#define MADV_POPULATE_WRITE_ 23 /* Linux 5.14; newer than some build headers */
-
 typedef struct logent {
     uint32_t version, valid_until;
     struct logent *next;
@@ -32,7 +26,6 @@ static struct {
     const uint8_t *view; /* the arena's memfd mapped again, read-only and untracked: the page server
                             and the version log read here, never faulting on a parked chunk */
     uint8_t *rw;         /* and writable, untracked: clamor_driver_write_rows writes here */
-    uint8_t *rw_ready;   /* per RW_BLOCK of the arena: rw's page tables filled where the memfd has pages */
     int state_fd;
     _Atomic uint64_t *state; /* version << 1 | dirty; read by same-host workers */
     uint32_t *version;
@@ -79,8 +72,6 @@ int pages_init(uint64_t ps, uint64_t npages, char *err, size_t errlen) {
         T.rw = NULL;
         return CL_ERR("cannot map the arena for untracked writes: %s", strerror(errno));
     }
-    T.rw_ready = calloc(npages * ps / RW_BLOCK + 1, 1);
-    if (!T.rw_ready) return CL_ERR("out of memory for the untracked mapping's table");
     return 0;
 }
 
@@ -95,7 +86,6 @@ void pages_free(void) {
     if (T.state_fd >= 0) close(T.state_fd);
     if (T.view) munmap((void *)T.view, T.npages * T.ps);
     if (T.rw) munmap(T.rw, T.npages * T.ps);
-    free(T.rw_ready);
     memset(&T, 0, sizeof T);
     T.state_fd = -1;
 }
@@ -291,28 +281,8 @@ void pages_mark_written(uint64_t first, uint64_t n) {
 
 void pages_touch(uint64_t offset) { (void)*(volatile const uint8_t *)(T.view + offset); }
 
-/* The untracked mapping is new to the pages a write goes to: a fault each on first touch
- * (a microsecond or two, as many as the trap it replaces). So the first write into a
- * block of the arena fills the mapping's page tables for the whole block at once, where
- * the memfd has pages (SEEK_DATA): never allocating what the arena left a hole. */
-static void rw_prepare(uint64_t offset) {
-    uint64_t b = offset / RW_BLOCK, size = T.npages * T.ps;
-    if (T.rw_ready[b]) return;
-    T.rw_ready[b] = 1;
-    off_t pos = (off_t)(b * RW_BLOCK), end = (off_t)((b + 1) * RW_BLOCK < size ? (b + 1) * RW_BLOCK : size);
-    while (pos < end) {
-        off_t data = lseek(clamor_arena_fd(), pos, SEEK_DATA);
-        if (data < 0 || data >= end) break;
-        off_t hole = lseek(clamor_arena_fd(), data, SEEK_HOLE);
-        if (hole < 0 || hole > end) hole = end;
-        if (madvise(T.rw + data, (size_t)(hole - data), MADV_POPULATE_WRITE_)) break; /* before 5.14: faults */
-        pos = hole;
-    }
-}
-
 int pages_write(uint64_t offset, const uint8_t *src, uint64_t n) {
     if (offset > T.npages * T.ps || n > T.npages * T.ps - offset) return -1;
-    for (uint64_t at = offset; at < offset + n; at = (at / RW_BLOCK + 1) * RW_BLOCK) rw_prepare(at);
     memcpy(T.rw + offset, src, n);
     return 0;
 }
