@@ -150,6 +150,8 @@ class DriverPager:
     def worker_ready(self, worker_id: int, info: PagingInfo) -> None:
         if lib.clamor_driver_set_peer(worker_id, info.host.encode(), int(info.page_port)):
             raise PagingError(f"worker {worker_id}: bad page server address {info.host}:{info.page_port}")
+        if info.shm and not info.zero_copy:
+            lib.clamor_driver_note_shm_copies()
 
     def begin_stage(self) -> tuple[int, np.ndarray]:
         self._check_open()

@@ -128,6 +128,10 @@ int clamor_driver_retain(uint32_t epoch);
  * the arena (nothing written). */
 int clamor_driver_write_rows(const int64_t *offsets, uint64_t n, const uint8_t *values, uint64_t row_bytes);
 int clamor_driver_set_peer(int worker_id, const char *host, int port);
+/* A worker copies pages from the arena's memfd (transport "shm-copy"): its copies reach
+ * the directory by notices that can come after the next stage start, so from now on
+ * every written page is invalidated on every worker, as with workers that map in place. */
+void clamor_driver_note_shm_copies(void);
 void clamor_driver_drop_worker(int worker_id);
 void clamor_driver_get_stats(clamor_driver_stats *out);
 uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests,

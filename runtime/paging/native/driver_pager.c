@@ -191,6 +191,12 @@ void clamor_driver_stop(void) {
     API_DONE();
 }
 
+void clamor_driver_note_shm_copies(void) {
+    API_READ();
+    if (S.running) pages_note_shm_copies();
+    API_DONE();
+}
+
 int clamor_driver_set_peer(int id, const char *host, int port) {
     if (id < 0 || id >= CL_MAX_WORKERS) return -1;
     uint32_t ip;

@@ -37,6 +37,7 @@ static struct {
     _Atomic uint32_t epoch;
     _Atomic uint32_t floor; /* epochs below it are no longer served: their versions were freed */
     uint64_t *inval, ninval, inval_cap; /* what the last stage start invalidated */
+    _Atomic int shm_copies; /* a worker copies pages from the memfd: its notices come late */
 } T = {.state_fd = -1};
 
 int pages_init(uint64_t ps, uint64_t npages, char *err, size_t errlen) {
@@ -310,10 +311,15 @@ void pages_reprotect(uint64_t first, uint64_t end) {
  * clamor_driver_write_rows, which leaves it protected: copied or not). */
 static int written(uint64_t p) { return !(T.flags[p] & FL_PROTECTED) || (T.flags[p] & (FL_WRITTEN | FL_DIRTY)); }
 
+void pages_note_shm_copies(void) { atomic_store(&T.shm_copies, 1); }
+
 /* Workers that copy pages are told of the written pages they hold (the directory);
  * same-host workers keep pages mapped in place across stages, which show the new bytes
- * under the old version, so they are told of every written page. */
+ * under the old version, so they are told of every written page. So are workers that
+ * copy pages from the memfd: such a copy reaches the directory by a notice
+ * (CL_HAVE) that may arrive after this stage start, and the copy would stay. */
 void pages_seal(uint32_t E, uint64_t hw, int same_host) {
+    same_host = same_host || atomic_load(&T.shm_copies);
     T.ninval = 0;
     for (uint64_t p = 0; p < hw; p++) {
         if (!written(p)) continue;

@@ -68,6 +68,9 @@ int pages_first_write(uint64_t p, int keep_old);
  * mapping, so the arena's own mapping of it stays write-protected (no ioctl at the
  * next stage start to protect it again). */
 void pages_still_protected(uint64_t p);
+/* A worker copies pages from the arena's memfd (same host, no zero copy): from now on
+ * pages_seal lists every written page, as for workers that map in place. */
+void pages_note_shm_copies(void);
 /* Pages [first, first + n) were written untrapped (async tracking). */
 void pages_mark_written(uint64_t first, uint64_t n);
 /* Touches the arena's bytes at `offset` through the untracked mapping: an OS page never

@@ -31,6 +31,7 @@ PACKED = {
     "PageSnapshot.peer_bytes": "uint64 per page",
     "PageSnapshot.holders": "uint32 per page",
     "PageSnapshot.version": "uint32 per page",
+    "InvalidateRequest.pages": "uint64 per written page (runtime/net/messages.py)",
 }
 
 

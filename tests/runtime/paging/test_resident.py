@@ -138,3 +138,19 @@ def test_read_sets_travel_as_runs_and_compare_as_pairs():
     assert ReadSet(encode(np.arange(16384, dtype=np.uint64), np.ones(16384, np.uint32))).runs == 1
     assert not read_set.conflicts(ReadSet.of([(4, 1), (10, 2), (11, 7)]))  # pages in both agree
     assert read_set.conflicts(ReadSet.of([(5, 3)]))  # page 5: version 2, then 3
+
+
+def test_on_the_drivers_host_every_written_page_is_invalidated(cluster, request):
+    """A worker's copy from the driver's memfd ("shm-copy") reaches the driver's
+    directory by a notice that can arrive after the next stage has started (the copy
+    would then outlive the write). So on the driver's host, where workers map pages in
+    place or copy them from the memfd, the driver invalidates every written page, not
+    only the pages it knows are held; over TCP every copy is the driver's answer, so
+    the directory knows it at once."""
+    a = clamor.asarray(np.zeros(PAGES * PER))
+    cluster.run(abs, 1)  # a stage: a's pages sealed at a version; no worker read one
+    before = cluster.paging.stats()["invalidations"]
+    a[5 * PER] = 1.0  # a page no holder is known of
+    assert cluster.run(lambda x: float(x[5 * PER]), a) == 1.0
+    listed = cluster.paging.stats()["invalidations"] - before
+    assert listed == (0 if request.node.callspec.params["cluster"] == "tcp" else 1)
