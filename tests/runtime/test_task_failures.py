@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import _thread
 import os
+import signal
 import threading
 import time
 
@@ -57,7 +58,17 @@ def test_a_task_that_kills_its_worker_fails_its_stage_and_the_cluster_keeps_its_
     assert cluster.range(6, partitions=6).map(lambda i: i * 2).collect() == [0, 2, 4, 6, 8, 10]
 
 
-def test_a_ctrl_c_stops_a_task_in_a_long_c_call_and_the_next_action_runs_at_once(cluster):
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt during the test, as in a kernel: a process started in
+    the background by a non-interactive shell (``nohup``, ``make test &`` in a script)
+    starts with SIGINT ignored, and ``interrupt_main`` then does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_stops_a_task_in_a_long_c_call_and_the_next_action_runs_at_once(cluster, ctrl_c_raises):
     before = pids(cluster)
     threading.Timer(0.5, _thread.interrupt_main).start()
     started = time.monotonic()
