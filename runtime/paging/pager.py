@@ -329,7 +329,7 @@ class WorkerPager:
         self.cache_limit_pages = cache_limit_pages(int(config.page_cache_bytes), self.page_size)
         lib.clamor_worker_set_cache_limit(self.cache_limit_pages)
         lib.clamor_worker_set_exact_read_sets(int(config.read_sets == "exact"))
-        self._read_set: tuple[int, bytes] = (0, b"")  # (generation, runs) of the last end_task
+        self._read_set: tuple[int, bytes] = (0, b"")  # (generation, runs) of the last resident read set
         self._runs = np.empty(2 * 1024, np.uint64)  # room for the resident read set's runs (grows)
         base = lib.clamor_worker_base()
         view = np.frombuffer(ffi.buffer(base, self.arena_size), dtype=np.uint8)
@@ -351,24 +351,19 @@ class WorkerPager:
         In resident mode it is the same from task to task until a page is mapped or
         invalidated, so it is read and packed again only when its generation changed."""
         generation = int(lib.clamor_worker_read_set_generation())
-        if generation and generation == self._read_set[0]:
-            return self._read_set[1]
         if generation:  # resident mode: the runs come packed from the native side
-            runs = self._resident_runs()
-            self._read_set = (generation, runs)
-            return runs
+            if generation != self._read_set[0]:
+                self._read_set = (generation, self._resident_runs())
+            return self._read_set[1]
         n = int(lib.clamor_worker_end_task(ffi.NULL, ffi.NULL, 0))
-        if n == 0:  # a task that read no arena page: nothing to encode (tiny tasks)
-            runs = b""
-        else:
-            pages, versions = ffi.new("uint64_t[]", n), ffi.new("uint32_t[]", n)
-            n = min(n, int(lib.clamor_worker_end_task(pages, versions, n)))
-            p = np.frombuffer(ffi.buffer(pages, 8 * n), dtype=np.uint64)
-            v = np.frombuffer(ffi.buffer(versions, 4 * n), dtype=np.uint32)
-            order = np.argsort(p, kind="stable")  # exact mode: in the order first touched
-            runs = read_sets.encode(p[order], v[order])
-        self._read_set = (generation, runs)
-        return runs
+        if n == 0:  # a task that read no arena page (tiny tasks; resident mode before any)
+            return b""
+        pages, versions = ffi.new("uint64_t[]", n), ffi.new("uint32_t[]", n)
+        n = min(n, int(lib.clamor_worker_end_task(pages, versions, n)))
+        p = np.frombuffer(ffi.buffer(pages, 8 * n), dtype=np.uint64)
+        v = np.frombuffer(ffi.buffer(versions, 4 * n), dtype=np.uint32)
+        order = np.argsort(p, kind="stable")  # exact mode: in the order first touched
+        return read_sets.encode(p[order], v[order])
 
     def _resident_runs(self) -> bytes:
         """The resident read set as :data:`read_sets.RUN` records, one pass in C (the set

@@ -203,8 +203,8 @@ int clamor_worker_port(void);
  * versions serve the task's epoch, and a task's read set is every page resident since). */
 void clamor_worker_set_exact_read_sets(int exact);
 void clamor_worker_begin_task(uint32_t epoch);
-/* The running (or last) task's read set, sorted by page in resident mode: fills up to `cap`
- * pairs and returns how many there are. */
+/* Exact mode: the running (or last) task's read set, in the order first touched: fills up
+ * to `cap` pairs and returns how many there are (0 in resident mode: see below). */
 uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t cap);
 /* Resident mode: the resident read set as runs of consecutive pages at one version, two
  * words a run (the first page; the count | the version << 32: read_sets.RUN's layout on a

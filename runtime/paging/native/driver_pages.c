@@ -282,11 +282,7 @@ void pages_mark_written(uint64_t first, uint64_t n) {
 
 void pages_touch(uint64_t offset) { (void)*(volatile const uint8_t *)(T.view + offset); }
 
-int pages_write(uint64_t offset, const uint8_t *src, uint64_t n) {
-    if (offset > T.npages * T.ps || n > T.npages * T.ps - offset) return -1;
-    memcpy(T.rw + offset, src, n);
-    return 0;
-}
+void pages_write(uint64_t offset, const uint8_t *src, uint64_t n) { memcpy(T.rw + offset, src, n); }
 
 /* --------------------------------------------------------- stage start -- */
 

@@ -77,8 +77,9 @@ void pages_mark_written(uint64_t first, uint64_t n);
  * written comes to be. */
 void pages_touch(uint64_t offset);
 /* Copies n bytes to arena offset `offset` through a writable, untracked mapping (no
- * write trap, no page marked: the caller does that first). -1: outside the arena. */
-int pages_write(uint64_t offset, const uint8_t *src, uint64_t n);
+ * write trap, no page marked: the caller does that first, and has checked that the
+ * range lies in the arena). */
+void pages_write(uint64_t offset, const uint8_t *src, uint64_t n);
 
 /* ---- a stage start (stage lock held) */
 /* Calls protect(first, n) for each run of unprotected pages below hw. */

@@ -127,14 +127,10 @@ void rs_clear_resident(void) {
 
 uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t cap) {
     pthread_mutex_lock(&R.lock);
-    uint64_t n = R.exact ? R.n : R.res_n, k = n < cap ? n : cap;
-    if (k && R.exact) {
+    uint64_t n = R.exact ? R.n : 0, k = n < cap ? n : cap;
+    if (k) {
         memcpy(pages, R.pages, k * sizeof *pages);
         memcpy(versions, R.vers, k * sizeof *versions);
-    } else if (k) {
-        uint64_t i = 0;
-        for (uint64_t p = 0; p < R.res_end && i < k; p++)
-            if (R.res_ver1[p]) pages[i] = p, versions[i++] = R.res_ver1[p] - 1;
     }
     pthread_mutex_unlock(&R.lock);
     return n;
