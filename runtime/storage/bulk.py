@@ -180,21 +180,35 @@ class BulkClient:
         """The value of ``key`` held at ``address`` (``BulkError`` if it cannot be had)."""
         try:
             sock, lock = self._connection(address)
-            with lock:
-                raw = key_bytes(key)
-                sock.sendall(_U32.pack(len(raw)) + raw)
-                status, nbuf, size = _HEADER.unpack(recv_exact(sock, _HEADER.size))
-                if nbuf > MAX_BUFFERS:
-                    raise ConnectionError(f"{nbuf} buffers: not the bulk protocol")
-                sizes = struct.unpack(f"<{nbuf}Q", recv_exact(sock, 8 * nbuf)) if nbuf else ()
-                data = recv_exact(sock, size)
-                buffers = [recv_exact(sock, n) for n in sizes]
-        except (ConnectionError, OSError, struct.error) as exc:
-            self._forget(address)
+        except (ConnectionError, OSError) as exc:
             raise BulkError(f"cannot fetch partition {key!r} from {address}: {exc}") from None
+        with lock:
+            try:
+                status, data, buffers = self._exchange(sock, key)
+            except (ConnectionError, OSError, struct.error) as exc:
+                self._forget(address, sock)
+                raise BulkError(f"cannot fetch partition {key!r} from {address}: {exc}") from None
+            except BaseException:
+                # Stopped mid-exchange (a task interrupted while it waits): the rest of the
+                # reply is still coming, and the next request on this connection would read
+                # it as its own, another partition's value. Only a new connection is safe.
+                self._forget(address, sock)
+                raise
         if status != OK:
             raise BulkError(f"partition {key!r} at {address}: {data.decode(errors='replace')}")
         return pickle.loads(data, buffers=buffers)
+
+    @staticmethod
+    def _exchange(sock: socket.socket, key: PartitionKey) -> tuple[int, bytearray, list[bytearray]]:
+        """One request and its whole reply: status, pickle (or message) and buffers."""
+        raw = key_bytes(key)
+        sock.sendall(_U32.pack(len(raw)) + raw)
+        status, nbuf, size = _HEADER.unpack(recv_exact(sock, _HEADER.size))
+        if nbuf > MAX_BUFFERS:
+            raise ConnectionError(f"{nbuf} buffers: not the bulk protocol")
+        sizes = struct.unpack(f"<{nbuf}Q", recv_exact(sock, 8 * nbuf)) if nbuf else ()
+        data = recv_exact(sock, size)
+        return status, data, [recv_exact(sock, n) for n in sizes]
 
     def _connection(self, address: str) -> tuple[socket.socket, threading.Lock]:
         with self._lock:
@@ -217,11 +231,19 @@ class BulkClient:
             self._conns[address] = entry
         return entry
 
-    def _forget(self, address: str) -> None:
+    def _forget(self, address: str, sock: socket.socket | None = None) -> None:
+        """Close the connection to ``address`` (only if it is ``sock``, when given: another
+        thread may have opened a new one meanwhile)."""
         with self._lock:
-            entry = self._conns.pop(address, None)
+            entry = self._conns.get(address)
+            if entry is None or (sock is not None and entry[0] is not sock):
+                entry = None
+            else:
+                del self._conns[address]
         if entry is not None:
             entry[0].close()
+        elif sock is not None:
+            sock.close()
 
     def close(self) -> None:
         with self._lock:

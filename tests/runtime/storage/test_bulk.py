@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import pytest
 from clamor.runtime.storage.bulk import BulkClient, BulkError, BulkServer
+from clamor.runtime.worker.interrupts import Interrupter, TaskInterrupted
 from clamor.testing.waiting import wait_for
 
 import clamor
@@ -103,6 +104,43 @@ def test_a_corrupt_request_costs_only_its_connection(server):
     assert sock.recv(1) == b""
     client._forget(address)
     assert client.get(address, ("small",)) == {"a": [1, 2]}
+
+
+
+def test_a_fetch_interrupted_mid_reply_costs_its_connection_not_the_next_fetchs_value():
+    """A task stopped (``TaskInterrupted``) while it waits for a partition leaves the rest of
+    that reply unread: the connection is dropped, so the next fetch cannot read it as its own."""
+    entered, release = threading.Event(), threading.Event()
+
+    def lookup(key):
+        if key == ("slow",):
+            entered.set()
+            release.wait(10)
+            return list(range(1000))  # what the stale reply would hand the next fetch
+        return {"key": key}
+
+    s = BulkServer(TOKEN, "127.0.0.1", lookup)
+    address = f"127.0.0.1:{s.port}"
+    client, interrupter = BulkClient(TOKEN), Interrupter()
+    outcome: list[object] = []
+
+    def task() -> None:
+        try:
+            with interrupter.user_code(7):
+                outcome.append(client.get(address, ("slow",)))
+        except TaskInterrupted as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=task)
+    thread.start()
+    assert entered.wait(10)
+    assert interrupter.interrupt([7])  # delivered once the reply's first bytes arrive
+    release.set()
+    thread.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], TaskInterrupted)
+    assert client.get(address, ("small",)) == {"key": ("small",)}
+    client.close()
+    s.close()
 
 
 @pytest.mark.parametrize("tls", [False, True])
