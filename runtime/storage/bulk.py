@@ -15,8 +15,10 @@ Protocol (little-endian; one request at a time per connection):
 - request: ``u32`` length, then the partition key, a serialized ``PartitionKey`` message
   (:func:`~clamor.runtime.net.messages.key_bytes`, at most 64 KiB);
 - reply: ``u8`` status (0 value, 1 not held here, 2 error), ``u32`` number of
-  buffers, ``u64`` pickle length, ``u64`` per buffer length; then the pickle and
-  the buffers (or, for 1 and 2, a UTF-8 message as the "pickle").
+  buffers, ``u64`` pickle length, ``u32`` key length, the request's key again,
+  ``u64`` per buffer length; then the pickle and the buffers (or, for 1 and 2, a
+  UTF-8 message as the "pickle"). The echoed key lets the client refuse a reply
+  that answers another request rather than hand a task someone else's value.
 
 A cluster with TLS keeps partitions on gRPC (over TLS); this channel is plaintext,
 authenticated by the token like the page protocol.
@@ -54,7 +56,7 @@ _refusals = RateLimitedLog(logger)
 MAX_KEY_BYTES = 64 << 10
 MAX_BUFFERS = 4096
 OK, NOT_HELD, ERROR = 0, 1, 2
-_HEADER = struct.Struct("<BIQ")
+_HEADER = struct.Struct("<BIQI")
 _U32 = struct.Struct("<I")
 TIMEOUT = 600.0
 
@@ -112,10 +114,10 @@ class BulkServer:
             key = key_from_bytes(raw_key)
             data, buffers = shipping.dumps_out_of_band(self._lookup(key))
         except KeyError:
-            return _send(conn, NOT_HELD, b"not held here", [])
+            return _send(conn, raw_key, NOT_HELD, b"not held here", [])
         except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable key: the client gets it
-            return _send(conn, ERROR, f"{type(exc).__name__}: {exc}".encode(), [])
-        _send(conn, OK, data, [b.raw() for b in buffers])
+            return _send(conn, raw_key, ERROR, f"{type(exc).__name__}: {exc}".encode(), [])
+        _send(conn, raw_key, OK, data, [b.raw() for b in buffers])
         self.served += 1
 
     def close(self, timeout: float = 5.0) -> None:
@@ -138,9 +140,9 @@ class BulkServer:
         self._sock.close()
 
 
-def _send(conn: socket.socket, status: int, data: bytes, buffers: list[memoryview]) -> None:
+def _send(conn: socket.socket, raw_key: bytes, status: int, data: bytes, buffers: list[memoryview]) -> None:
     sizes = struct.pack(f"<{len(buffers)}Q", *(b.nbytes for b in buffers))
-    conn.sendall(_HEADER.pack(status, len(buffers), len(data)) + sizes + data)
+    conn.sendall(_HEADER.pack(status, len(buffers), len(data), len(raw_key)) + raw_key + sizes + data)
     for b in buffers:
         conn.sendall(b)
 
@@ -203,9 +205,9 @@ class BulkClient:
         """One request and its whole reply: status, pickle (or message) and buffers."""
         raw = key_bytes(key)
         sock.sendall(_U32.pack(len(raw)) + raw)
-        status, nbuf, size = _HEADER.unpack(recv_exact(sock, _HEADER.size))
-        if nbuf > MAX_BUFFERS:
-            raise ConnectionError(f"{nbuf} buffers: not the bulk protocol")
+        status, nbuf, size, nkey = _HEADER.unpack(recv_exact(sock, _HEADER.size))
+        if nbuf > MAX_BUFFERS or nkey != len(raw) or recv_exact(sock, nkey) != raw:
+            raise ConnectionError("a reply to another request: not the bulk protocol, or out of step")
         sizes = struct.unpack(f"<{nbuf}Q", recv_exact(sock, 8 * nbuf)) if nbuf else ()
         data = recv_exact(sock, size)
         return status, data, [recv_exact(sock, n) for n in sizes]

@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 import pytest
+from clamor.runtime.net.messages import key_bytes
 from clamor.runtime.storage.bulk import BulkClient, BulkError, BulkServer
 from clamor.runtime.worker.interrupts import Interrupter, TaskInterrupted
 from clamor.testing.waiting import wait_for
@@ -141,6 +142,19 @@ def test_a_fetch_interrupted_mid_reply_costs_its_connection_not_the_next_fetchs_
     assert client.get(address, ("small",)) == {"key": ("small",)}
     client.close()
     s.close()
+
+
+
+def test_a_reply_to_another_request_is_refused_not_returned(server):
+    _, address = server
+    client = BulkClient(TOKEN)
+    sock, _ = client._connection(address)
+    raw = key_bytes(("ds", 1, 0))
+    sock.sendall(struct.pack("<I", len(raw)) + raw)  # a request whose reply nobody reads
+    with pytest.raises(BulkError, match=r"\('small',\).*reply to another request"):
+        client.get(address, ("small",))  # it would read the array as its own value
+    assert client.get(address, ("small",)) == {"a": [1, 2]}  # on a new connection
+    client.close()
 
 
 @pytest.mark.parametrize("tls", [False, True])
