@@ -47,7 +47,9 @@ _refusals = RateLimitedLog(logger)
 #: and stats (QueryReply) travel as messages, not pickles.
 #: 8: page invalidations travel on the task stream too (DriverMessage.invalidate), their
 #: pages packed as little-endian uint64s (InvalidateRequest.pages).
-PROTOCOL_VERSION = "8"
+#: 9: a resident read set travels without versions (TaskReport.resident): the driver
+#: reads them from its page table. The bulk channel's replies echo the request's key.
+PROTOCOL_VERSION = "9"
 PROTOCOL_METADATA_KEY = "x-clamor-protocol"
 
 #: Largest gRPC message sent or received, either way.

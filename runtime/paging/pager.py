@@ -127,6 +127,7 @@ class DriverPager:
         self.port = int(port)
         self._closed = False
         self._final_stats: dict | None = None
+        self._read_set_runs = np.empty(2 * 1024, np.uint64)  # room for a read set with versions (grows)
 
     # -- DriverPaging -----------------------------------------------------
     def worker_config(self, worker_id: int, host: str) -> PagingConfig:
@@ -164,6 +165,21 @@ class DriverPager:
 
     def end_stage(self) -> None:
         lib.clamor_driver_end_stage()
+
+    def read_set_at(self, runs: bytes, epoch: int) -> bytes:
+        if not runs:
+            return b""
+        pages = np.frombuffer(runs, np.uint64)
+        out = self._read_set_runs
+        while True:
+            n = int(lib.clamor_driver_read_set_at(ffi.from_buffer("uint64_t[]", pages), len(pages) // 2,
+                                                  max(0, min(int(epoch), 2**32 - 1)),
+                                                  ffi.from_buffer("uint64_t[]", out), len(out) // 2))  # fmt: skip
+            if n < 0:
+                raise PagingError(f"a resident read set outside the arena, or the pager is closed (epoch {epoch})")
+            if 2 * n <= len(out):
+                return out[: 2 * n].tobytes()
+            out = self._read_set_runs = np.empty(4 * n, np.uint64)  # kept for the next stages
 
     def worker_lost(self, worker_id: int) -> None:
         lib.clamor_driver_drop_worker(worker_id)
@@ -345,25 +361,26 @@ class WorkerPager:
     def begin_task(self, epoch: int) -> None:
         lib.clamor_worker_begin_task(epoch)
 
-    def end_task(self) -> bytes:
-        """The task's read set, packed as runs (:mod:`~clamor.runtime.paging.read_sets`).
+    def end_task(self) -> tuple[bytes, bool]:
+        """The task's read set, packed as runs (:mod:`~clamor.runtime.paging.read_sets`),
+        and whether it is the resident one (no versions: the driver reads them).
 
         In resident mode it is the same from task to task until a page is mapped or
-        invalidated, so it is read and packed again only when its generation changed."""
+        dropped, so it is read and packed again only when its generation changed."""
         generation = int(lib.clamor_worker_read_set_generation())
         if generation:  # resident mode: the runs come packed from the native side
             if generation != self._read_set[0]:
                 self._read_set = (generation, self._resident_runs())
-            return self._read_set[1]
+            return self._read_set[1], True
         n = int(lib.clamor_worker_end_task(ffi.NULL, ffi.NULL, 0))
         if n == 0:  # a task that read no arena page (tiny tasks; resident mode before any)
-            return b""
+            return b"", False
         pages, versions = ffi.new("uint64_t[]", n), ffi.new("uint32_t[]", n)
         n = min(n, int(lib.clamor_worker_end_task(pages, versions, n)))
         p = np.frombuffer(ffi.buffer(pages, 8 * n), dtype=np.uint64)
         v = np.frombuffer(ffi.buffer(versions, 4 * n), dtype=np.uint32)
         order = np.argsort(p, kind="stable")  # exact mode: in the order first touched
-        return read_sets.encode(p[order], v[order])
+        return read_sets.encode(p[order], v[order]), False
 
     def _resident_runs(self) -> bytes:
         """The resident read set as :data:`read_sets.RUN` records, one pass in C (the set

@@ -11,7 +11,7 @@ Stage protocol, as run by :meth:`clamor.runtime.cluster.Cluster.run_stage`::
     each task on its worker:
         worker_paging.begin_task(task_epoch)           # task_epoch = epoch, or older on replay
         ... run the task ...
-        runs = worker_paging.end_task()                 # the read set, packed (read_sets.py)
+        runs, resident = worker_paging.end_task()       # the read set, packed (read_sets.py)
     driver_paging.end_stage()                          # always, even on failure
 """
 
@@ -89,9 +89,11 @@ class WorkerPaging(Protocol):
         """A task starts; it must read the arena as of ``epoch``."""
         ...
 
-    def end_task(self) -> bytes:
+    def end_task(self) -> tuple[bytes, bool]:
         """The task ended; return its read set as :func:`~clamor.runtime.paging.read_sets.encode`
-        packs it: runs of ``(first page, count, version)`` (may be a superset of what it touched)."""
+        packs it: runs of ``(first page, count, version)`` (may be a superset of what it
+        touched), and whether it is a *resident* read set, whose versions are left zero
+        for the driver to fill in (:meth:`DriverPaging.read_set_at`)."""
         ...
 
     def invalidate(self, epoch: int, pages: np.ndarray) -> None:
@@ -124,6 +126,12 @@ class DriverPaging(Protocol):
 
     def end_stage(self) -> None:
         """The stage's barrier: all its tasks finished, failed or were lost."""
+        ...
+
+    def read_set_at(self, runs: bytes, epoch: int) -> bytes:
+        """A resident read set's runs (pages, no versions) with the versions its pages have
+        at ``epoch``, split where they change. Asked before the next stage start: a
+        worker's resident pages show the driver's versions at the task's epoch."""
         ...
 
     def worker_lost(self, worker_id: int) -> None:
@@ -174,8 +182,8 @@ class NullWorkerPaging:
     def begin_task(self, epoch: int) -> None:
         pass
 
-    def end_task(self) -> bytes:
-        return b""
+    def end_task(self) -> tuple[bytes, bool]:
+        return b"", False
 
     def invalidate(self, epoch: int, pages: np.ndarray) -> None:
         pass
@@ -202,6 +210,9 @@ class NullDriverPaging:
 
     def end_stage(self) -> None:
         pass
+
+    def read_set_at(self, runs: bytes, epoch: int) -> bytes:
+        return runs  # no arena: no worker reads a page
 
     def worker_lost(self, worker_id: int) -> None:
         pass

@@ -2,18 +2,21 @@
 
 A worker that keeps its arena mappings across tasks reports its *resident* read set
 (every page it has mapped at the task's epoch): thousands of pages that fall into a
-few runs of consecutive pages at one version. So a read set travels and is kept as
-runs, 16 bytes each (``TaskReport.read_runs``), and is expanded to pairs only when
-somebody iterates over it. Equal reports decode to one shared :class:`ReadSet`
-(:class:`ReadSetCache`), so a stage of many tasks over the same resident pages costs
-the driver one decode, not one per task.
+few runs of consecutive pages. So a read set travels and is kept as runs, 16 bytes
+each (``TaskReport.read_runs``), and is expanded to pairs only when somebody iterates
+over it. A resident one travels without versions (``TaskReport.resident``): its pages
+show the versions the driver's pages have at the task's epoch, which the driver fills
+in itself (:meth:`ReadSetCache.at`), so that pages the driver rewrote at scattered
+epochs do not cut it into a run per page. Equal reports decode to one shared
+:class:`ReadSet` (:class:`ReadSetCache`), so a stage of many tasks over the same
+resident pages costs the driver one decode, not one per task.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +61,10 @@ class ReadSet(Sequence):
         ordered = sorted(pairs)
         return cls(encode(np.array([p for p, _ in ordered], np.uint64),
                           np.array([v for _, v in ordered], np.uint32)))  # fmt: skip
+
+    def packed(self) -> bytes:
+        """Its runs as they travel (:data:`RUN` records)."""
+        return self._runs.tobytes()
 
     @property
     def runs(self) -> int:
@@ -124,18 +131,30 @@ class ReadSetCache:
 
     def __init__(self, size: int = 256) -> None:
         self._size = size
-        self._sets: OrderedDict[bytes, ReadSet] = OrderedDict()
+        self._sets: OrderedDict[Hashable, ReadSet] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, runs: bytes) -> ReadSet:
-        if not runs:
+        """The read set of a report's runs."""
+        return self._cached(runs, lambda: ReadSet(runs)) if runs else EMPTY
+
+    def at(self, pages: ReadSet, epoch: int, versions_at: Callable[[bytes, int], bytes]) -> ReadSet:
+        """A resident read set (``pages``: versions zero) with its pages' versions at ``epoch``,
+        as ``versions_at(runs, epoch)`` reads them (the driver's page table)."""
+        if not len(pages):
             return EMPTY
+        runs = pages.packed()
+        return self._cached((runs, epoch), lambda: self.get(versions_at(runs, epoch)))
+
+    def _cached(self, key: Hashable, make: Callable[[], ReadSet]) -> ReadSet:
         with self._lock:
-            found = self._sets.get(runs)
+            found = self._sets.get(key)
             if found is not None:
-                self._sets.move_to_end(runs)
+                self._sets.move_to_end(key)
                 return found
-            found = self._sets[runs] = ReadSet(runs)
+        found = make()
+        with self._lock:
+            self._sets[key] = found
             if len(self._sets) > self._size:
                 self._sets.popitem(last=False)
-            return found
+        return found

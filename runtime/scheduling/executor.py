@@ -288,6 +288,7 @@ class Executor:
             outputs={decode_key(o.key): o.nbytes for o in report.outputs} if report.outputs else {},
             accumulator_updates=report.accumulators or {},
             read_set=self._read_sets.get(report.read_runs),
+            resident=report.resident,
             duration=report.duration,
         )
 
@@ -417,7 +418,7 @@ class Executor:
                 identity = (hash((program, *run.payloads)), len(tasks), size)
                 self._post(lambda s: self._submit(s, stage_id, tasks, run.future, identity, stream))
                 try:
-                    results = self._wait(stage_id, run)
+                    results = self._with_versions(self._wait(stage_id, run), run.epoch)
                 except BaseException:
                     self._settle_stops()  # the next stage finds its workers free
                     raise
@@ -502,6 +503,13 @@ class Executor:
         with contextlib.suppress(ClamorError):
             self._post_and_wait(lambda s: [])
         self.stopper.wait()
+
+    def _with_versions(self, results: list[TaskResult], epoch: int) -> list[TaskResult]:
+        """Resident read sets with the versions their pages have at ``epoch`` (the stage's),
+        read from the driver's page table before the next stage start can seal a newer one."""
+        return [r if not r.resident else dataclasses.replace(
+                    r, resident=False, read_set=self._read_sets.at(r.read_set, epoch, self._paging.read_set_at))
+                for r in results]  # fmt: skip
 
     def seal_epoch(self, live: Callable[[], list[int]]) -> int:
         """Seal a new arena epoch between two stages and pin it (``versions.unpin`` when

@@ -71,6 +71,7 @@ class TaskResult:
     outputs: dict[PartitionKey, int] = dataclasses.field(default_factory=dict)
     accumulator_updates: dict = dataclasses.field(default_factory=dict)
     read_set: Sequence[tuple[int, int]] = ()  # a ReadSet (runtime/paging/read_sets.py)
+    resident: bool = False  # read_set: the worker's resident pages, versions not read yet
     duration: float = 0.0
 
 

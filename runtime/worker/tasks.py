@@ -350,7 +350,7 @@ class WorkerExecutor:
         payloads = list(a.payloads)
         ctx = TaskContext(a.index, tuple(locations), fetch, self._store.put, payloads[0] if payloads else b"")
         contexts = [ctx]  # a fused attempt's: those of the tasks that ran (or raised), in order
-        read_set: bytes | None = None
+        read_set, resident = b"", False
         try:
             self.paging.begin_task(item.epoch)
             try:
@@ -368,7 +368,7 @@ class WorkerExecutor:
                     else:
                         value = run_program(program, ctx)
             finally:
-                read_set = self.paging.end_task()
+                read_set, resident = self.paging.end_task()
             report = pb.TaskReport(attempt_id=a.attempt_id, index=a.index, status=pb.OK)
             if a.HasField("output"):
                 ctx.put(decode_key(a.output), value)
@@ -382,7 +382,7 @@ class WorkerExecutor:
             pb.PartitionInfo(key=encode_key(k), nbytes=n) for k, n in _outputs(contexts).items()
         )
         if read_set:
-            report.read_runs = read_set
+            report.read_runs, report.resident = read_set, resident
         report.duration = time.perf_counter() - start
         return report
 

@@ -138,6 +138,12 @@ uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests
                                   uint64_t *driver_bytes, uint64_t *peer_bytes,
                                   uint32_t *holders, uint32_t *version);
 int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out);
+/* A worker's resident read set (clamor_worker_resident_runs: runs of pages, no versions)
+ * with the version each page has at `epoch`: runs split where the version changes, in
+ * the same layout, up to `cap` into out. Returns how many runs there are; -1 for a run
+ * outside the arena, or when no pager runs. Exact while no newer epoch dropped a version
+ * <= epoch: the executor asks before the next stage start. */
+int64_t clamor_driver_read_set_at(const uint64_t *runs, uint64_t n, uint32_t epoch, uint64_t *out, uint64_t cap);
 /* The directory's holders of pages [first, first + n): counts[i] workers hold the
  * current version of page first + i (0 past the arena's end), and their ids, ascending,
  * page after page, go into ids, the first `cap` of them. Returns how many ids there
@@ -206,9 +212,12 @@ void clamor_worker_begin_task(uint32_t epoch);
 /* Exact mode: the running (or last) task's read set, in the order first touched: fills up
  * to `cap` pairs and returns how many there are (0 in resident mode: see below). */
 uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t cap);
-/* Resident mode: the resident read set as runs of consecutive pages at one version, two
- * words a run (the first page; the count | the version << 32: read_sets.RUN's layout on a
- * little-endian machine). Fills up to `cap` runs and returns how many there are; -1 in
+/* Resident mode: the resident read set as runs of consecutive resident pages, two words a
+ * run (the first page; the count, with a zero version in the high half: read_sets.RUN's
+ * layout on a little-endian machine). No versions: a resident page shows the version the
+ * driver's page has at the task's epoch, which the driver reads itself
+ * (clamor_driver_read_set_at), so that pages rewritten at scattered epochs do not break
+ * the set into a run each. Fills up to `cap` runs and returns how many there are; -1 in
  * exact mode (use clamor_worker_end_task). */
 int64_t clamor_worker_resident_runs(uint64_t *runs, uint64_t cap);
 /* Resident mode: a number that changes whenever the resident read set does (0 in exact

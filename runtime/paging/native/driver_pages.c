@@ -233,6 +233,39 @@ int pages_read_version(uint64_t page, uint32_t epoch, uint8_t *out) {
     return (int)a.version;
 }
 
+/* The version page p has at epoch E: the latest sealed version <= E (0: none then). */
+static uint32_t version_at(uint64_t p, uint32_t E) {
+    uint32_t v = __atomic_load_n(&T.version[p], __ATOMIC_RELAXED);
+    if (v <= E) return v; /* the common case: not sealed again since E */
+    pthread_mutex_t *m = cl_stripe(&T.stripes, p);
+    pthread_mutex_lock(m);
+    v = 0;
+    for (logent *e = T.log[p]; e; e = e->next)
+        if (e->version <= E) {
+            v = e->version;
+            break;
+        }
+    pthread_mutex_unlock(m);
+    return v;
+}
+
+int64_t pages_read_set_at(const uint64_t *runs, uint64_t n, uint32_t E, uint64_t *out, uint64_t cap) {
+    int64_t k = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t first = runs[2 * i], count = runs[2 * i + 1] & 0xffffffffu;
+        if (first > T.npages || count > T.npages - first) return -1;
+        for (uint64_t p = first, end = first + count; p < end;) {
+            uint32_t v = version_at(p, E);
+            uint64_t q = p + 1;
+            while (q < end && version_at(q, E) == v) q++;
+            if ((uint64_t)k < cap) out[2 * k] = p, out[2 * k + 1] = (q - p) | (uint64_t)v << 32;
+            k++;
+            p = q;
+        }
+    }
+    return k;
+}
+
 /* ------------------------------------------------------- write handler -- */
 
 int pages_fresh(uint64_t p) { return (T.flags[p] & FL_PROTECTED) && !(T.flags[p] & FL_DIRTY); }

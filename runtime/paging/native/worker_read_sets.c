@@ -140,11 +140,10 @@ int64_t clamor_worker_resident_runs(uint64_t *runs, uint64_t cap) {
     pthread_mutex_lock(&R.lock);
     int64_t n = R.exact ? -1 : 0;
     for (uint64_t p = 0; n >= 0 && p < R.res_end; p++) {
-        uint32_t v1 = R.res_ver1[p];
-        if (!v1) continue;
+        if (!R.res_ver1[p]) continue;
         uint64_t first = p;
-        while (p + 1 < R.res_end && R.res_ver1[p + 1] == v1 && p + 1 - first < UINT32_MAX) p++;
-        if ((uint64_t)n < cap) runs[2 * n] = first, runs[2 * n + 1] = (p + 1 - first) | (uint64_t)(v1 - 1) << 32;
+        while (p + 1 < R.res_end && R.res_ver1[p + 1] && p + 1 - first < UINT32_MAX) p++;
+        if ((uint64_t)n < cap) runs[2 * n] = first, runs[2 * n + 1] = p + 1 - first;
         n++;
     }
     pthread_mutex_unlock(&R.lock);

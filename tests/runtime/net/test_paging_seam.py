@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import textwrap
 
+import numpy as np
 import pytest
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.launchers.local import LocalLauncher
 from clamor.runtime.paging.paging_api import PagingConfig, PagingInfo, PagingKind
+from clamor.runtime.paging.read_sets import ReadSet, encode
 
 RECORDING_PAGING = """
 import numpy as np
@@ -29,8 +31,10 @@ class RecordingPaging:
     def begin_task(self, epoch):
         self.epoch = epoch
 
-    def end_task(self):  # the read set, packed as runs
-        return encode(np.array([self.worker_id], np.uint64), np.array([self.epoch], np.uint32))
+    def end_task(self):  # the read set, packed as runs; worker 1's is resident (no versions)
+        if self.worker_id == 1:
+            return encode(np.array([1], np.uint64), np.array([0], np.uint32)), True
+        return encode(np.array([self.worker_id], np.uint64), np.array([self.epoch], np.uint32)), False
 
     def invalidate(self, epoch, pages):
         self.late += self.epoch is not None and self.epoch >= epoch  # a task of its stage ran first
@@ -94,6 +98,11 @@ class RecordingDriverPaging:
     def end_stage(self):
         self.events.append(("end", self.epoch))
 
+    def read_set_at(self, runs, epoch):  # a resident read set's versions: its pages' at epoch
+        self.events.append(("versions", epoch))
+        pages = ReadSet(runs).pages()
+        return encode(pages, np.full(len(pages), 1000 + epoch, np.uint32))
+
     def worker_lost(self, worker_id):
         self.events.append(("lost", worker_id))
 
@@ -131,9 +140,10 @@ def test_stage_protocol_drives_the_paging_seam(tmp_path):
             1,
             2,
         ]  # epoch 1: invalidates 10, 11
-        assert c.last_read_sets == [[(0, 1)], [(1, 1)]]
+        assert c.last_read_sets == [[(0, 1)], [(1, 1001)]]  # worker 1's versions: the driver's
+        assert ("versions", 1) in paging.events
         c.run(abs, 1, worker=1)  # epoch 2: nothing to invalidate
-        assert c.last_read_sets == [[(1, 2)]]
+        assert c.last_read_sets == [[(1, 1002)]]
         assert ("release", 1) in paging.events  # nothing pinned epoch 1 when its stage ended
         with c.keep_versions(1):  # ... so a replay asks for it back first
             c.run(abs, 1, worker=0, epoch=1)  # a replay at epoch 1 inside stage 3 (invalidates 30, 31)

@@ -111,8 +111,12 @@ def test_a_replay_at_an_older_epoch_reads_old_bytes_then_the_current_stage_new_o
     with cluster.keep_versions(old):
         table[k] = 123
         assert cluster.run(lambda a, i: int(a[i]), table, k, worker=1) == 123
+        page, written_at = next(iter(pages_of(table, [k]))), cluster.last_epoch
         assert cluster.run(lambda a, i: int(a[i]), table, k, worker=1, epoch=old) == 7 * k + 3
+        replayed = dict(cluster.last_read_sets[0])  # the versions the page had at the old epoch
+        assert 1 <= replayed[page] <= old < written_at
         assert cluster.run(lambda a, i: int(a[i]), table, k, worker=1) == 123
+        assert (page, written_at) in list(cluster.last_read_sets[0])
         total, trace = cluster.run(lookups, table, 10, 5_000, worker=1)  # every page again, current
     expected = 7 * np.asarray(trace) + 3
     expected[np.asarray(trace) == k] = 123
