@@ -26,6 +26,10 @@ ffi, lib = _native.ffi, _native.lib
 TRANSPORTS = ("auto", "shm", "shm-copy", "tcp")
 #: How workers record read sets (docs/paging.md, "Read sets").
 READ_SET_MODES = ("resident", "exact")
+#: A resident read set lists whole aligned blocks of this many bytes that hold a resident
+#: page (the fault-around block): sparse lookups leave pages resident here and there,
+#: and a run per page made every report megabytes (docs/paging.md, "Read sets").
+READ_SET_BLOCK = 2 << 20
 _ERRLEN = 512
 MIN_CACHE_PAGES = 4  # a non-zero page-cache budget is never below this many pages
 #: Worker ids are ``0 .. MAX_WORKERS - 1`` (1,024): the driver's page directory records
@@ -347,6 +351,7 @@ class WorkerPager:
         lib.clamor_worker_set_exact_read_sets(int(config.read_sets == "exact"))
         self._read_set: tuple[int, bytes] = (0, b"")  # (generation, runs) of the last resident read set
         self._runs = np.empty(2 * 1024, np.uint64)  # room for the resident read set's runs (grows)
+        self._read_set_block = max(1, READ_SET_BLOCK // config.page_size)  # pages a resident run is made of
         base = lib.clamor_worker_base()
         view = np.frombuffer(ffi.buffer(base, self.arena_size), dtype=np.uint8)
         view.flags.writeable = False
@@ -383,11 +388,12 @@ class WorkerPager:
         return read_sets.encode(p[order], v[order]), False
 
     def _resident_runs(self) -> bytes:
-        """The resident read set as :data:`read_sets.RUN` records, one pass in C (the set
-        can span every page of a large array: encoding it page by page here cost a
-        millisecond a task)."""
+        """The resident read set as :data:`read_sets.RUN` records, whole blocks of
+        :data:`READ_SET_BLOCK` bytes, one pass in C (the set can span every page of a
+        large array: encoding it page by page here cost a millisecond a task)."""
         while True:
-            n = int(lib.clamor_worker_resident_runs(ffi.from_buffer("uint64_t[]", self._runs), len(self._runs) // 2))
+            n = int(lib.clamor_worker_resident_runs(self._read_set_block, ffi.from_buffer("uint64_t[]", self._runs),
+                                                    len(self._runs) // 2))  # fmt: skip
             if 2 * n <= len(self._runs):
                 return self._runs[: 2 * max(n, 0)].tobytes()
             self._runs = np.empty(4 * n, np.uint64)  # kept: a fresh large buffer is fresh pages to fault in

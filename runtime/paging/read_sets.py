@@ -144,7 +144,7 @@ class ReadSetCache:
         if not len(pages):
             return EMPTY
         runs = pages.packed()
-        return self._cached((runs, epoch), lambda: self.get(versions_at(runs, epoch)))
+        return self._cached((runs, epoch), lambda: ReadSet(versions_at(runs, epoch)))
 
     def _cached(self, key: Hashable, make: Callable[[], ReadSet]) -> ReadSet:
         with self._lock:

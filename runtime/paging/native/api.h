@@ -212,14 +212,15 @@ void clamor_worker_begin_task(uint32_t epoch);
 /* Exact mode: the running (or last) task's read set, in the order first touched: fills up
  * to `cap` pairs and returns how many there are (0 in resident mode: see below). */
 uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t cap);
-/* Resident mode: the resident read set as runs of consecutive resident pages, two words a
- * run (the first page; the count, with a zero version in the high half: read_sets.RUN's
- * layout on a little-endian machine). No versions: a resident page shows the version the
+/* Resident mode: the resident read set as runs of pages, two words a run (the first page;
+ * the count, with a zero version in the high half: read_sets.RUN's layout on a
+ * little-endian machine): every aligned block of `block` pages that holds a resident
+ * page, whole (a superset: scattered lookups leave a page resident here and there, and a
+ * run each would be a report of megabytes). No versions: a page shows the version the
  * driver's page has at the task's epoch, which the driver reads itself
- * (clamor_driver_read_set_at), so that pages rewritten at scattered epochs do not break
- * the set into a run each. Fills up to `cap` runs and returns how many there are; -1 in
- * exact mode (use clamor_worker_end_task). */
-int64_t clamor_worker_resident_runs(uint64_t *runs, uint64_t cap);
+ * (clamor_driver_read_set_at). Fills up to `cap` runs and returns how many there are; -1
+ * in exact mode (use clamor_worker_end_task). */
+int64_t clamor_worker_resident_runs(uint64_t block, uint64_t *runs, uint64_t cap);
 /* Resident mode: a number that changes whenever the resident read set does (0 in exact
  * mode), so that an unchanged set need not be read and encoded again. */
 uint64_t clamor_worker_read_set_generation(void);

@@ -33,6 +33,7 @@ static struct {
     uint32_t *res_ver1;        /* resident mode: version + 1 of each page resident since the last unmap_all */
     uint64_t res_n, res_gen;   /* how many; bumped at every change */
     uint64_t res_end;          /* every resident page is below it */
+    uint64_t npages;
     uint32_t res_lo, res_hi;   /* the epochs every resident page serves: [newest version, earliest valid-until] */
 } R;
 
@@ -40,6 +41,7 @@ int rs_init(uint64_t npages) {
     memset(&R, 0, sizeof R);
     pthread_mutex_init(&R.lock, NULL);
     R.res_hi = CL_OPEN_ENDED;
+    R.npages = npages;
     R.readmark = calloc(npages, sizeof *R.readmark);
     R.res_ver1 = calloc(npages, sizeof *R.res_ver1);
     return R.readmark && R.res_ver1 ? 0 : -1;
@@ -136,14 +138,31 @@ uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t ca
     return n;
 }
 
-int64_t clamor_worker_resident_runs(uint64_t *runs, uint64_t cap) {
+/* Whether a page of [lo, hi) is resident (lock held). */
+static int block_resident(uint64_t lo, uint64_t hi) {
+    for (uint64_t p = lo; p < hi && p < R.res_end; p++)
+        if (R.res_ver1[p]) return 1;
+    return 0;
+}
+
+int64_t clamor_worker_resident_runs(uint64_t block, uint64_t *runs, uint64_t cap) {
+    if (!block) block = 1;
     pthread_mutex_lock(&R.lock);
     int64_t n = R.exact ? -1 : 0;
-    for (uint64_t p = 0; n >= 0 && p < R.res_end; p++) {
-        if (!R.res_ver1[p]) continue;
-        uint64_t first = p;
-        while (p + 1 < R.res_end && R.res_ver1[p + 1] && p + 1 - first < UINT32_MAX) p++;
-        if ((uint64_t)n < cap) runs[2 * n] = first, runs[2 * n + 1] = p + 1 - first;
+    uint64_t first = 0, end = 0; /* the run being built, [first, end); none while end == 0 */
+    for (uint64_t lo = 0; n >= 0 && lo < R.res_end; lo += block) {
+        uint64_t hi = lo + block < R.npages ? lo + block : R.npages;
+        if (!block_resident(lo, hi)) continue;
+        if (end && lo == end && hi - first <= UINT32_MAX) {
+            end = hi;
+            continue;
+        }
+        if (end && (uint64_t)n < cap) runs[2 * n] = first, runs[2 * n + 1] = end - first;
+        n += end != 0;
+        first = lo, end = hi;
+    }
+    if (n >= 0 && end) {
+        if ((uint64_t)n < cap) runs[2 * n] = first, runs[2 * n + 1] = end - first;
         n++;
     }
     pthread_mutex_unlock(&R.lock);
