@@ -131,7 +131,6 @@ class DriverPager:
         self.port = int(port)
         self._closed = False
         self._final_stats: dict | None = None
-        self._read_set_runs = np.empty(2 * 1024, np.uint64)  # room for a read set with versions (grows)
 
     # -- DriverPaging -----------------------------------------------------
     def worker_config(self, worker_id: int, host: str) -> PagingConfig:
@@ -170,20 +169,16 @@ class DriverPager:
     def end_stage(self) -> None:
         lib.clamor_driver_end_stage()
 
-    def read_set_at(self, runs: bytes, epoch: int) -> bytes:
-        if not runs:
-            return b""
+    def versions_at(self, runs: bytes, epoch: int) -> np.ndarray:
         pages = np.frombuffer(runs, np.uint64)
-        out = self._read_set_runs
-        while True:
-            n = int(lib.clamor_driver_read_set_at(ffi.from_buffer("uint64_t[]", pages), len(pages) // 2,
-                                                  max(0, min(int(epoch), 2**32 - 1)),
-                                                  ffi.from_buffer("uint64_t[]", out), len(out) // 2))  # fmt: skip
-            if n < 0:
-                raise PagingError(f"a resident read set outside the arena, or the pager is closed (epoch {epoch})")
-            if 2 * n <= len(out):
-                return out[: 2 * n].tobytes()
-            out = self._read_set_runs = np.empty(4 * n, np.uint64)  # kept for the next stages
+        total = int(np.frombuffer(runs, read_sets.RUN)["count"].sum()) if runs else 0
+        out = np.empty(total, np.uint32)
+        n = int(lib.clamor_driver_versions_at(ffi.from_buffer("uint64_t[]", pages), len(pages) // 2,
+                                              max(0, min(int(epoch), 2**32 - 1)),
+                                              ffi.from_buffer("uint32_t[]", out), total))  # fmt: skip
+        if n != total:
+            raise PagingError(f"a resident read set outside the arena, or the pager is closed (epoch {epoch})")
+        return out
 
     def worker_lost(self, worker_id: int) -> None:
         lib.clamor_driver_drop_worker(worker_id)

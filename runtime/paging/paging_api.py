@@ -93,7 +93,7 @@ class WorkerPaging(Protocol):
         """The task ended; return its read set as :func:`~clamor.runtime.paging.read_sets.encode`
         packs it: runs of ``(first page, count, version)`` (may be a superset of what it
         touched), and whether it is a *resident* read set, whose versions are left zero
-        for the driver to fill in (:meth:`DriverPaging.read_set_at`)."""
+        for the driver to fill in (:meth:`DriverPaging.versions_at`)."""
         ...
 
     def invalidate(self, epoch: int, pages: np.ndarray) -> None:
@@ -128,9 +128,9 @@ class DriverPaging(Protocol):
         """The stage's barrier: all its tasks finished, failed or were lost."""
         ...
 
-    def read_set_at(self, runs: bytes, epoch: int) -> bytes:
-        """A resident read set's runs (pages, no versions) with the versions its pages have
-        at ``epoch``, split where they change. Asked before the next stage start: a
+    def versions_at(self, runs: bytes, epoch: int) -> np.ndarray:
+        """The version each page of a resident read set's runs (pages, no versions) has at
+        ``epoch``, page after page (uint32). Asked before the next stage start: a
         worker's resident pages show the driver's versions at the task's epoch."""
         ...
 
@@ -211,8 +211,8 @@ class NullDriverPaging:
     def end_stage(self) -> None:
         pass
 
-    def read_set_at(self, runs: bytes, epoch: int) -> bytes:
-        return runs  # no arena: no worker reads a page
+    def versions_at(self, runs: bytes, epoch: int) -> np.ndarray:
+        return np.zeros(0, np.uint32)  # no arena: no worker reads a page
 
     def worker_lost(self, worker_id: int) -> None:
         pass

@@ -46,13 +46,22 @@ class ReadSet(Sequence):
     Compares equal to any sequence of the same pairs (``cluster.last_read_sets[0] ==
     [(0, 1), (3, 1)]``); ``len`` is the number of pages; ``pages()`` and ``versions()``
     give numpy arrays without building a pair per page.
+
+    Two forms: runs that carry their versions (``ReadSet(runs)``, as a report's exact read
+    set travels), or runs of pages with one version per page beside them
+    (``ReadSet(runs, versions)``: a resident read set once the driver filled its versions
+    in, where versions that change from page to page would make a run of every page).
     """
 
-    __slots__ = ("_len", "_pairs", "_runs")
+    __slots__ = ("_len", "_pairs", "_runs", "_split", "_versions")
 
-    def __init__(self, runs: bytes = b"") -> None:
+    def __init__(self, runs: bytes = b"", versions: np.ndarray | None = None) -> None:
         self._runs = np.frombuffer(runs, RUN) if runs else np.empty(0, RUN)
         self._len = int(self._runs["count"].sum())
+        if versions is not None and len(versions) != self._len:
+            raise ValueError(f"{len(versions)} versions for a read set of {self._len} pages")
+        self._versions = versions
+        self._split: np.ndarray | None = None if versions is not None else self._runs
         self._pairs: tuple[tuple[int, int], ...] | None = None
 
     @classmethod
@@ -62,14 +71,28 @@ class ReadSet(Sequence):
         return cls(encode(np.array([p for p, _ in ordered], np.uint64),
                           np.array([v for _, v in ordered], np.uint32)))  # fmt: skip
 
+    def _by_version(self) -> np.ndarray:
+        """Its runs split where the version changes (:data:`RUN` records)."""
+        if self._split is None:
+            self._split = np.frombuffer(encode(self.pages(), self._versions), RUN) if self._len else self._runs
+        return self._split
+
     def packed(self) -> bytes:
-        """Its runs as they travel (:data:`RUN` records)."""
-        return self._runs.tobytes()
+        """Its runs as they travel (:data:`RUN` records, each at one version)."""
+        return self._by_version().tobytes()
+
+    def page_runs(self) -> bytes:
+        """Its pages as runs, versions left out (zero): a resident read set's key."""
+        if self._versions is not None:
+            return self._runs.tobytes()
+        runs = self._runs.copy()
+        runs["version"] = 0
+        return runs.tobytes()
 
     @property
     def runs(self) -> int:
         """How many runs of consecutive pages at one version it holds."""
-        return len(self._runs)
+        return len(self._by_version())
 
     def pages(self) -> np.ndarray:
         """The pages, sorted (uint64)."""
@@ -81,6 +104,8 @@ class ReadSet(Sequence):
 
     def versions(self) -> np.ndarray:
         """The version read of each page, in page order (uint32)."""
+        if self._versions is not None:
+            return self._versions
         return np.repeat(self._runs["version"], self._runs["count"].astype(np.int64))
 
     def conflicts(self, other: ReadSet) -> bool:
@@ -106,18 +131,23 @@ class ReadSet(Sequence):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ReadSet):
-            return self._runs.tobytes() == other._runs.tobytes()
+            if self is other:
+                return True
+            if self._versions is not None and other._versions is not None:
+                return bool(self._runs.tobytes() == other._runs.tobytes() and np.array_equal(self._versions, other._versions))
+            return self.packed() == other.packed()
         if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
             return len(other) == self._len and list(self._expanded()) == [tuple(p) for p in other]
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(self._runs.tobytes())
+        return hash(self.packed())
 
     def __repr__(self) -> str:
         if self._len <= 8:
             return f"ReadSet({list(self._expanded())})"
-        lo, hi = int(self._runs["version"].min()), int(self._runs["version"].max())
+        versions = self.versions()
+        lo, hi = int(versions.min()), int(versions.max())
         versions = f"version {lo}" if lo == hi else f"versions {lo}..{hi}"
         return f"ReadSet({self._len} pages in {self.runs} run(s), {versions})"
 
@@ -138,13 +168,13 @@ class ReadSetCache:
         """The read set of a report's runs."""
         return self._cached(runs, lambda: ReadSet(runs)) if runs else EMPTY
 
-    def at(self, pages: ReadSet, epoch: int, versions_at: Callable[[bytes, int], bytes]) -> ReadSet:
+    def at(self, pages: ReadSet, epoch: int, versions_at: Callable[[bytes, int], np.ndarray]) -> ReadSet:
         """A resident read set (``pages``: versions zero) with its pages' versions at ``epoch``,
-        as ``versions_at(runs, epoch)`` reads them (the driver's page table)."""
+        one per page as ``versions_at(runs, epoch)`` reads them (the driver's page table)."""
         if not len(pages):
             return EMPTY
-        runs = pages.packed()
-        return self._cached((runs, epoch), lambda: ReadSet(versions_at(runs, epoch)))
+        runs = pages.page_runs()
+        return self._cached((runs, epoch), lambda: ReadSet(runs, versions_at(runs, epoch)))
 
     def _cached(self, key: Hashable, make: Callable[[], ReadSet]) -> ReadSet:
         with self._lock:

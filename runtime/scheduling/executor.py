@@ -508,7 +508,7 @@ class Executor:
         """Resident read sets with the versions their pages have at ``epoch`` (the stage's),
         read from the driver's page table before the next stage start can seal a newer one."""
         return [r if not r.resident else dataclasses.replace(
-                    r, resident=False, read_set=self._read_sets.at(r.read_set, epoch, self._paging.read_set_at))
+                    r, resident=False, read_set=self._read_sets.at(r.read_set, epoch, self._paging.versions_at))
                 for r in results]  # fmt: skip
 
     def seal_epoch(self, live: Callable[[], list[int]]) -> int:

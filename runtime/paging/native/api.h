@@ -138,12 +138,12 @@ uint64_t clamor_driver_page_stats(uint64_t first, uint64_t n, uint64_t *requests
                                   uint64_t *driver_bytes, uint64_t *peer_bytes,
                                   uint32_t *holders, uint32_t *version);
 int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out);
-/* A worker's resident read set (clamor_worker_resident_runs: runs of pages, no versions)
- * with the version each page has at `epoch`: runs split where the version changes, in
- * the same layout, up to `cap` into out. Returns how many runs there are; -1 for a run
- * outside the arena, or when no pager runs. Exact while no newer epoch dropped a version
- * <= epoch: the executor asks before the next stage start. */
-int64_t clamor_driver_read_set_at(const uint64_t *runs, uint64_t n, uint32_t epoch, uint64_t *out, uint64_t cap);
+/* The version each page of a worker's resident read set (clamor_worker_resident_runs:
+ * runs of pages, no versions) has at `epoch`, page after page, up to `cap` into out.
+ * Returns how many pages the runs hold; -1 for a run outside the arena, or when no pager
+ * runs. Exact while no newer epoch dropped a version <= epoch: the executor asks before
+ * the next stage start. */
+int64_t clamor_driver_versions_at(const uint64_t *runs, uint64_t n, uint32_t epoch, uint32_t *out, uint64_t cap);
 /* The directory's holders of pages [first, first + n): counts[i] workers hold the
  * current version of page first + i (0 past the arena's end), and their ids, ascending,
  * page after page, go into ids, the first `cap` of them. Returns how many ids there
@@ -218,7 +218,7 @@ uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t ca
  * page, whole (a superset: scattered lookups leave a page resident here and there, and a
  * run each would be a report of megabytes). No versions: a page shows the version the
  * driver's page has at the task's epoch, which the driver reads itself
- * (clamor_driver_read_set_at). Fills up to `cap` runs and returns how many there are; -1
+ * (clamor_driver_versions_at). Fills up to `cap` runs and returns how many there are; -1
  * in exact mode (use clamor_worker_end_task). */
 int64_t clamor_worker_resident_runs(uint64_t block, uint64_t *runs, uint64_t cap);
 /* Resident mode: a number that changes whenever the resident read set does (0 in exact

@@ -256,9 +256,9 @@ int clamor_driver_read_version(uint64_t page, uint32_t epoch, uint8_t *out) {
     return rc;
 }
 
-int64_t clamor_driver_read_set_at(const uint64_t *runs, uint64_t n, uint32_t epoch, uint64_t *out, uint64_t cap) {
+int64_t clamor_driver_versions_at(const uint64_t *runs, uint64_t n, uint32_t epoch, uint32_t *out, uint64_t cap) {
     API_READ();
-    int64_t k = S.running ? pages_read_set_at(runs, n, epoch, out, cap) : -1;
+    int64_t k = S.running ? pages_versions_at(runs, n, epoch, out, cap) : -1;
     API_DONE();
     return k;
 }

@@ -249,21 +249,15 @@ static uint32_t version_at(uint64_t p, uint32_t E) {
     return v;
 }
 
-int64_t pages_read_set_at(const uint64_t *runs, uint64_t n, uint32_t E, uint64_t *out, uint64_t cap) {
-    int64_t k = 0;
+int64_t pages_versions_at(const uint64_t *runs, uint64_t n, uint32_t E, uint32_t *out, uint64_t cap) {
+    uint64_t k = 0;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t first = runs[2 * i], count = runs[2 * i + 1] & 0xffffffffu;
         if (first > T.npages || count > T.npages - first) return -1;
-        for (uint64_t p = first, end = first + count; p < end;) {
-            uint32_t v = version_at(p, E);
-            uint64_t q = p + 1;
-            while (q < end && version_at(q, E) == v) q++;
-            if ((uint64_t)k < cap) out[2 * k] = p, out[2 * k + 1] = (q - p) | (uint64_t)v << 32;
-            k++;
-            p = q;
-        }
+        for (uint64_t p = first; p < first + count; p++, k++)
+            if (k < cap) out[k] = version_at(p, E);
     }
-    return k;
+    return (int64_t)k;
 }
 
 /* ------------------------------------------------------- write handler -- */

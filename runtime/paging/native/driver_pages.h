@@ -52,8 +52,8 @@ uint64_t pages_stats(uint64_t first, uint64_t n, uint64_t *requests, uint64_t *d
                      uint64_t *peer_bytes, uint32_t *holders, uint32_t *version);
 uint64_t pages_holders(uint64_t first, uint64_t n, uint32_t *counts, uint16_t *ids, uint64_t cap);
 int pages_read_version(uint64_t page, uint32_t epoch, uint8_t *out);
-/* clamor_driver_read_set_at. */
-int64_t pages_read_set_at(const uint64_t *runs, uint64_t n, uint32_t E, uint64_t *out, uint64_t cap);
+/* clamor_driver_versions_at. */
+int64_t pages_versions_at(const uint64_t *runs, uint64_t n, uint32_t E, uint32_t *out, uint64_t cap);
 
 /* ---- the write handler's side */
 void pages_lock(uint64_t p);

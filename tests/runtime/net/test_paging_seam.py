@@ -12,7 +12,7 @@ from clamor.runtime.cluster import Cluster
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.launchers.local import LocalLauncher
 from clamor.runtime.paging.paging_api import PagingConfig, PagingInfo, PagingKind
-from clamor.runtime.paging.read_sets import ReadSet, encode
+from clamor.runtime.paging.read_sets import ReadSet
 
 RECORDING_PAGING = """
 import numpy as np
@@ -98,10 +98,9 @@ class RecordingDriverPaging:
     def end_stage(self):
         self.events.append(("end", self.epoch))
 
-    def read_set_at(self, runs, epoch):  # a resident read set's versions: its pages' at epoch
+    def versions_at(self, runs, epoch):  # a resident read set's versions: its pages' at epoch
         self.events.append(("versions", epoch))
-        pages = ReadSet(runs).pages()
-        return encode(pages, np.full(len(pages), 1000 + epoch, np.uint32))
+        return np.full(len(ReadSet(runs)), 1000 + epoch, np.uint32)
 
     def worker_lost(self, worker_id):
         self.events.append(("lost", worker_id))

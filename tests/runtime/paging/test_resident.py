@@ -144,6 +144,24 @@ def test_read_sets_travel_as_runs_and_compare_as_pairs():
     assert read_set.conflicts(ReadSet.of([(5, 3)]))  # page 5: version 2, then 3
 
 
+def test_a_resident_read_set_keeps_its_pages_as_runs_and_one_version_a_page_beside_them():
+    """As the driver fills in a resident set's versions: the same pairs, runs and equality
+    as the form whose runs carry their versions, without a run per page."""
+    pages_only = encode(np.array([3, 4, 5, 9, 10], np.uint64), np.zeros(5, np.uint32))
+    assert len(pages_only) == 2 * 16  # (3..5), (9..10)
+    dense = ReadSet(pages_only, np.array([1, 1, 2, 2, 2], np.uint32))
+    assert dense == [(3, 1), (4, 1), (5, 2), (9, 2), (10, 2)]
+    assert dense == ReadSet.of(list(dense)) and hash(dense) == hash(ReadSet.of(list(dense)))
+    assert dense.runs == 3 and dense.packed() == ReadSet.of(list(dense)).packed()
+    assert dense.page_runs() == pages_only
+    assert dense.conflicts(ReadSet.of([(5, 3)])) and not dense.conflicts(ReadSet.of([(9, 2)]))
+    alternating = ReadSet(encode(np.arange(1000, dtype=np.uint64), np.zeros(1000, np.uint32)),
+                          np.arange(1000, dtype=np.uint32) % 2)  # fmt: skip
+    assert alternating.runs == 1000 and repr(alternating) == "ReadSet(1000 pages in 1000 run(s), versions 0..1)"
+    with pytest.raises(ValueError, match="3 versions for a read set of 5 pages"):
+        ReadSet(pages_only, np.zeros(3, np.uint32))
+
+
 def test_on_the_drivers_host_every_written_page_is_invalidated(cluster, request):
     """A worker's copy from the driver's memfd ("shm-copy") reaches the driver's
     directory by a notice that can arrive after the next stage has started (the copy
