@@ -94,7 +94,6 @@ typedef struct {
     uint64_t directory_bytes;   /* the directory: 16 bytes a page, plus its holder bitmaps' pool */
     uint64_t holder_bitmaps;    /* pages held by more than 7 workers (a 128-byte bitmap each) */
     uint64_t direct_writes;     /* rows written by clamor_driver_write_rows (no write trap) */
-    uint64_t write_blocks_mapped; /* 2 MiB blocks clamor_driver_write_rows mapped whole, once dense */
 } clamor_driver_stats;
 
 /* Workers a cluster can have: worker ids are 0 .. CLAMOR_MAX_WORKERS - 1. The driver's

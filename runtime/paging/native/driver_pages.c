@@ -15,10 +15,6 @@
 #include "driver_zap.h"
 #include "pager_common.h"
 
-#define RW_BLOCK (2u << 20)       /* what the writable mapping maps at once (rw_prepare) */
-#define RW_DENSE 128              /* rows written into a block before it is (a quarter of 4 KiB pages) */
-#define MADV_POPULATE_WRITE_ 23   /* Linux 5.14; newer than some build headers */
-
 typedef struct logent {
     uint32_t version, valid_until;
     struct logent *next;
@@ -30,7 +26,6 @@ static struct {
     const uint8_t *view; /* the arena's memfd mapped again, read-only and untracked: the page server
                             and the version log read here, never faulting on a parked chunk */
     uint8_t *rw;         /* and writable, untracked: clamor_driver_write_rows writes here */
-    uint16_t *rw_rows;   /* per RW_BLOCK of rw: rows written there (saturating; see rw_prepare) */
     int state_fd;
     _Atomic uint64_t *state; /* version << 1 | dirty; read by same-host workers */
     uint32_t *version;
@@ -58,8 +53,7 @@ int pages_init(uint64_t ps, uint64_t npages, char *err, size_t errlen) {
     T.driver_bytes = calloc(npages, sizeof *T.driver_bytes);
     T.peer_bytes = calloc(npages, sizeof *T.peer_bytes);
     T.log = calloc(npages, sizeof *T.log);
-    T.rw_rows = calloc((npages * ps + RW_BLOCK - 1) / RW_BLOCK, sizeof *T.rw_rows);
-    if (!T.version || !T.flags || !dir_ok || !T.requests || !T.driver_bytes || !T.peer_bytes || !T.log || !T.rw_rows)
+    if (!T.version || !T.flags || !dir_ok || !T.requests || !T.driver_bytes || !T.peer_bytes || !T.log)
         return CL_ERR("out of memory for the page tables of %llu pages", (unsigned long long)npages);
     T.state_fd = memfd_create("clamor-page-state", MFD_CLOEXEC);
     if (T.state_fd < 0 || ftruncate(T.state_fd, (off_t)(npages * sizeof *T.state)))
@@ -88,7 +82,7 @@ void pages_free(void) {
             for (logent *e = T.log[p], *next; e; e = next) next = e->next, free(e);
     cl_dir_free(&T.dir);
     free(T.log), free(T.version), free(T.flags), free(T.requests);
-    free(T.driver_bytes), free(T.peer_bytes), free(T.inval), free(T.rw_rows);
+    free(T.driver_bytes), free(T.peer_bytes), free(T.inval);
     if (T.state) munmap((void *)T.state, T.npages * sizeof *T.state);
     if (T.state_fd >= 0) close(T.state_fd);
     if (T.view) munmap((void *)T.view, T.npages * T.ps);
@@ -315,32 +309,7 @@ void pages_mark_written(uint64_t first, uint64_t n) {
 
 void pages_touch(uint64_t offset) { (void)*(volatile const uint8_t *)(T.view + offset); }
 
-/* Fault-around for the writable mapping: once RW_DENSE rows were written into a block,
- * the block's pages the arena's memory already has (mincore) are mapped for writing, in
- * one call per run. A parameter server's update rewrites a few thousand scattered pages
- * of the same blocks every iteration, and each page took a fault of its own on its first
- * write through this mapping (about 2 us: 5 ms of a 6,700-row update, for hundreds of
- * iterations; mapped, 1 ms), while a one-off scattered write into a large array maps
- * nothing it does not touch. Pages the memory lacks stay unmapped: mapping them for
- * writing would allocate them. */
-static void rw_prepare(uint64_t offset) {
-    uint64_t b = offset / RW_BLOCK, size = T.npages * T.ps;
-    if (T.rw_rows[b] > RW_DENSE || ++T.rw_rows[b] <= RW_DENSE) return; /* sparse, or mapped already */
-    const uint64_t os_page = (uint64_t)sysconf(_SC_PAGESIZE), lo = b * RW_BLOCK;
-    const uint64_t len = lo + RW_BLOCK <= size ? RW_BLOCK : size - lo, n = len / os_page;
-    unsigned char vec[RW_BLOCK / 4096 + 1];
-    if (n > sizeof vec || mincore((void *)(T.view + lo), len, vec)) return;
-    ADD(write_blocks_mapped, 1);
-    for (uint64_t i = 0, j; i < n; i = j) {
-        for (j = i + 1; j < n && (vec[j] & 1) == (vec[i] & 1);) j++;
-        if (vec[i] & 1) madvise(T.rw + lo + i * os_page, (j - i) * os_page, MADV_POPULATE_WRITE_);
-    }
-}
-
-void pages_write(uint64_t offset, const uint8_t *src, uint64_t n) {
-    for (uint64_t at = offset; at < offset + n; at = (at / RW_BLOCK + 1) * RW_BLOCK) rw_prepare(at);
-    memcpy(T.rw + offset, src, n);
-}
+void pages_write(uint64_t offset, const uint8_t *src, uint64_t n) { memcpy(T.rw + offset, src, n); }
 
 /* --------------------------------------------------------- stage start -- */
 

@@ -11,12 +11,10 @@ written.
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 import pytest
-from clamor.runtime.paging import arena
 
 import clamor
 
@@ -37,40 +35,6 @@ def read(cluster, a, rows, worker):
 
 def direct_writes(cluster) -> int:
     return cluster.paging.stats()["driver"]["direct_writes"]
-
-
-def blocks_mapped(cluster) -> int:
-    return cluster.paging.stats()["driver"]["write_blocks_mapped"]
-
-
-def test_a_block_written_densely_is_mapped_for_writing_whole_and_only_with_the_pages_it_has(cluster):
-    """Fault-around for the driver's writes: past 128 rows written into a 2 MiB block, the
-    block's pages the arena's memory has are mapped for writing at once (no fault a page
-    on a first write), once; a sparse write maps nothing, and a page the memory lacks is
-    not allocated by it. First in the module: each cluster counts from its start, and
-    later tests write rows all over the arena."""
-    per_block = (2 << 20) // 8
-    w = clamor.empty(8 * per_block)  # 8 blocks (at most 9 of the arena's, unaligned)
-    w[: 4 * per_block] = 1.0  # the first half is in memory, the second half never written
-    arena_fd = arena.lib.clamor_arena_fd()
-    before, allocated = blocks_mapped(cluster), os.fstat(arena_fd).st_blocks
-    sparse = np.arange(0, len(w), per_block // 2)  # 2 rows a block
-    clamor.write(w, sparse, -1.0)
-    assert blocks_mapped(cluster) == before
-    dense = np.arange(per_block // 2, per_block // 2 + 300 * 8, 8)  # 300 rows in one block
-    for _ in range(2):
-        clamor.write(w, dense, 2.0)
-    assert blocks_mapped(cluster) - before == 1  # once, however often it is written again
-    unwritten = 6 * per_block + np.arange(300) * 8  # the never-written half
-    clamor.write(w, unwritten, 3.0)
-    assert blocks_mapped(cluster) - before == 2
-    new_pages = len(np.unique(unwritten * 8 // PAGE)) + len(np.unique(sparse[sparse >= 4 * per_block] * 8 // PAGE))
-    assert (os.fstat(arena_fd).st_blocks - allocated) * 512 <= new_pages * PAGE + (1 << 20)  # not the block
-    expected = np.zeros(len(w))
-    expected[: 4 * per_block] = 1.0
-    expected[sparse], expected[dense], expected[unwritten] = -1.0, 2.0, 3.0
-    for worker in (0, 1):
-        assert np.array_equal(read(cluster, w, np.arange(len(w)), worker), expected)
 
 
 def test_scattered_rows_written_between_stages_are_what_every_later_stage_reads(cluster):
