@@ -269,10 +269,7 @@ static int map_around(uint64_t p, uint32_t E) {
  * version E reads. 0: mapped (and recorded); -1: the caller copies instead.
  * `at`: the faulting address, or 0 for the whole page (prefetch). `len` > 0: map
  * exactly the OS pages of [at, at + len) (a prefetch that knows which bytes the task
- * reads). A fault or a whole-page prefetch in resident mode maps p's block once it is
- * read densely (map_around): a parameter server's tasks prefetch scattered pages of the
- * same blocks iteration after iteration, and one UFFDIO_CONTINUE per page cost a task
- * 1.75 ms for 5,000 ids (2-core VM); with the block mapped whole, 1.2. With exact read sets,
+ * reads). A fault in resident mode maps p's block (map_around). With exact read sets,
  * where every task unmaps everything first, a task's first fault on a page larger than
  * the OS page maps just the OS page around `at`: a sparse lookup then installs one
  * page-table entry, not 64 (256 KiB pages); a second fault on the page, or a first one
@@ -291,7 +288,7 @@ int maps_direct(uint64_t p, uint32_t E, uint64_t at, uint64_t len) {
             if (len && !was_private) {
                 uint64_t lo = at & ~(os_page - 1), hi = (at + len + os_page - 1) & ~(os_page - 1);
                 mapped = try_map_range(lo, hi, 1) == 0;
-            } else if (!rs_exact()) { /* a fault, or a prefetch of the whole page */
+            } else if (at && !rs_exact()) {
                 mapped = map_around(p, E) == 0;
             } else if (at && first && !was_private && M.ps > os_page
                        && atomic_exchange(&M.last_direct, p + 1) != p) { /* not a scan */
