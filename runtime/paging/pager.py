@@ -169,6 +169,15 @@ class DriverPager:
     def end_stage(self) -> None:
         lib.clamor_driver_end_stage()
 
+    def sealed(self) -> np.ndarray | None:
+        n = int(lib.clamor_driver_sealed(ffi.NULL, 0))
+        if n == 2**64 - 1:
+            return None
+        pages = np.empty(n, np.uint64)
+        if n:
+            lib.clamor_driver_sealed(ffi.from_buffer("uint64_t[]", pages), n)
+        return pages
+
     def versions_at(self, runs: bytes, epoch: int) -> np.ndarray:
         pages = np.frombuffer(runs, np.uint64)
         total = int(np.frombuffer(runs, read_sets.RUN)["count"].sum()) if runs else 0

@@ -128,6 +128,11 @@ class DriverPaging(Protocol):
         """The stage's barrier: all its tasks finished, failed or were lost."""
         ...
 
+    def sealed(self) -> np.ndarray | None:
+        """The pages (sorted, uint64) whose version the last :meth:`begin_stage` changed:
+        every page written since the one before (``None``: not known)."""
+        ...
+
     def versions_at(self, runs: bytes, epoch: int) -> np.ndarray:
         """The version each page of a resident read set's runs (pages, no versions) has at
         ``epoch``, page after page (uint32). Asked before the next stage start: a
@@ -210,6 +215,9 @@ class NullDriverPaging:
 
     def end_stage(self) -> None:
         pass
+
+    def sealed(self) -> np.ndarray | None:
+        return np.empty(0, np.uint64)
 
     def versions_at(self, runs: bytes, epoch: int) -> np.ndarray:
         return np.zeros(0, np.uint32)  # no arena: no worker reads a page

@@ -392,6 +392,7 @@ class Executor:
                 self._poll()
                 self._polled = time.monotonic()
             epoch, pages = self._paging.begin_stage()
+            self._read_sets.sealed(epoch, self._paging.sealed())
             self.stages_run += 1
             try:
                 if len(pages):
@@ -518,6 +519,7 @@ class Executor:
         ``live`` workers drop the pages written since the last stage."""
         with self._stage_lock:
             epoch, pages = self._paging.begin_stage()
+            self._read_sets.sealed(epoch, self._paging.sealed())
             try:
                 if len(pages):
                     self.endpoints.invalidate(epoch, pages, live())

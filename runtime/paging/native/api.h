@@ -111,6 +111,11 @@ int clamor_driver_zap_fd(void);
 void clamor_driver_stop(void);
 uint32_t clamor_driver_begin_stage(void);
 uint64_t clamor_driver_invalidated(uint64_t *out, uint64_t cap);
+/* The pages whose version the last stage start changed (every page written since the one
+ * before, sorted): up to `cap` into out; how many there are (UINT64_MAX: not known). A
+ * resident read set's versions at the new epoch are those at the last one but for these
+ * (ReadSetCache.at). */
+uint64_t clamor_driver_sealed(uint64_t *out, uint64_t cap);
 void clamor_driver_end_stage(void);
 /* No stage reads epochs <= epoch any more: the driver's writes need no old copies
  * until the next stage (and go untrapped where the kernel has async write-protect). */

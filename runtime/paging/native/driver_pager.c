@@ -272,6 +272,13 @@ uint32_t clamor_driver_begin_stage(void) {
     return E;
 }
 
+uint64_t clamor_driver_sealed(uint64_t *out, uint64_t cap) {
+    API_READ();
+    uint64_t n = pages_sealed(out, cap);
+    API_DONE();
+    return n;
+}
+
 uint64_t clamor_driver_invalidated(uint64_t *out, uint64_t cap) {
     API_READ();
     uint64_t n = pages_invalidated(out, cap);

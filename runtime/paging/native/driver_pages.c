@@ -37,6 +37,8 @@ static struct {
     _Atomic uint32_t epoch;
     _Atomic uint32_t floor; /* epochs below it are no longer served: their versions were freed */
     uint64_t *inval, ninval, inval_cap; /* what the last stage start invalidated */
+    uint64_t *sealed, nsealed, sealed_cap; /* every page whose version it changed */
+    int sealed_lost;                       /* ... not all listed (out of memory) */
     _Atomic int shm_copies; /* a worker copies pages from the memfd: its notices come late */
 } T = {.state_fd = -1};
 
@@ -82,7 +84,7 @@ void pages_free(void) {
             for (logent *e = T.log[p], *next; e; e = next) next = e->next, free(e);
     cl_dir_free(&T.dir);
     free(T.log), free(T.version), free(T.flags), free(T.requests);
-    free(T.driver_bytes), free(T.peer_bytes), free(T.inval);
+    free(T.driver_bytes), free(T.peer_bytes), free(T.inval), free(T.sealed);
     if (T.state) munmap((void *)T.state, T.npages * sizeof *T.state);
     if (T.state_fd >= 0) close(T.state_fd);
     if (T.view) munmap((void *)T.view, T.npages * T.ps);
@@ -343,9 +345,15 @@ void pages_note_shm_copies(void) { atomic_store(&T.shm_copies, 1); }
  * (CL_HAVE) that may arrive after this stage start, and the copy would stay. */
 void pages_seal(uint32_t E, uint64_t hw, int same_host) {
     same_host = same_host || atomic_load(&T.shm_copies);
-    T.ninval = 0;
+    T.ninval = T.nsealed = 0, T.sealed_lost = 0;
     for (uint64_t p = 0; p < hw; p++) {
         if (!written(p)) continue;
+        if (T.nsealed == T.sealed_cap && !T.sealed_lost) {
+            uint64_t cap = T.sealed_cap ? 2 * T.sealed_cap : 1024, *more = realloc(T.sealed, cap * sizeof *more);
+            if (more) T.sealed = more, T.sealed_cap = cap;
+            else T.sealed_lost = 1;
+        }
+        if (!T.sealed_lost) T.sealed[T.nsealed++] = p;
         pthread_mutex_t *m = cl_stripe(&T.stripes, p);
         pthread_mutex_lock(m);
         if (T.flags[p] & FL_WRITTEN) ADD(pages_written, 1);
@@ -365,6 +373,13 @@ void pages_seal(uint32_t E, uint64_t hw, int same_host) {
     }
     ADD(invalidations, T.ninval);
     atomic_store(&T.epoch, E);
+}
+
+uint64_t pages_sealed(uint64_t *out, uint64_t cap) {
+    if (T.sealed_lost) return UINT64_MAX;
+    uint64_t n = T.nsealed < cap ? T.nsealed : cap;
+    if (out && n) memcpy(out, T.sealed, n * sizeof *out);
+    return T.nsealed;
 }
 
 uint64_t pages_invalidated(uint64_t *out, uint64_t cap) {

@@ -96,6 +96,9 @@ void pages_reprotect(uint64_t first, uint64_t end);
 void pages_seal(uint32_t E, uint64_t hw, int same_host);
 /* The pages the last stage start listed: up to cap into out; how many there are. */
 uint64_t pages_invalidated(uint64_t *out, uint64_t cap);
+/* The pages whose version the last stage start changed (every written page): up to cap
+ * into out; how many there are (UINT64_MAX: not known, memory ran out). */
+uint64_t pages_sealed(uint64_t *out, uint64_t cap);
 /* Frees the log entries no epoch >= floor can read; the bytes freed. */
 uint64_t pages_trim_log(uint32_t floor);
 

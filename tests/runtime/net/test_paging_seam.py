@@ -98,6 +98,9 @@ class RecordingDriverPaging:
     def end_stage(self):
         self.events.append(("end", self.epoch))
 
+    def sealed(self):  # the pages the last begin_stage gave a new version: not known here
+        return None
+
     def versions_at(self, runs, epoch):  # a resident read set's versions: its pages' at epoch
         self.events.append(("versions", epoch))
         return np.full(len(ReadSet(runs)), 1000 + epoch, np.uint32)

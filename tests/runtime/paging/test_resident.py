@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clamor.runtime.paging import arena
-from clamor.runtime.paging.read_sets import ReadSet, encode
+from clamor.runtime.paging.read_sets import ReadSet, ReadSetCache, encode
 
 import clamor
 
@@ -176,3 +176,48 @@ def test_on_the_drivers_host_every_written_page_is_invalidated(cluster, request)
     assert cluster.run(lambda x: float(x[5 * PER]), a) == 1.0
     listed = cluster.paging.stats()["invalidations"] - before
     assert listed == (0 if request.node.callspec.params["cluster"] == "tcp" else 1)
+
+
+class PageTable:
+    """A driver's page versions by epoch, for ReadSetCache: ``seal(epoch, pages)`` gives
+    ``pages`` that version; ``versions_at`` answers as the driver does (and counts pages)."""
+
+    def __init__(self) -> None:
+        self.history: list[dict[int, int]] = [{}]  # per epoch: page -> version sealed then
+        self.asked = 0
+
+    def seal(self, pages) -> int:
+        self.history.append({int(p): len(self.history) for p in pages})
+        return len(self.history) - 1
+
+    def version(self, page: int, epoch: int) -> int:
+        return max((e for e in range(1, epoch + 1) if page in self.history[e]), default=0)
+
+    def versions_at(self, runs: bytes, epoch: int) -> np.ndarray:
+        pages = ReadSet(runs).pages().tolist()
+        self.asked += len(pages)
+        return np.array([self.version(p, epoch) for p in pages], np.uint32)
+
+
+def test_a_resident_sets_versions_at_a_new_epoch_are_read_again_only_for_the_pages_sealed_since():
+    table, cache = PageTable(), ReadSetCache()
+    resident = ReadSet(encode(np.r_[np.arange(0, 16), np.arange(32, 48)].astype(np.uint64), np.zeros(32, np.uint32)))
+    rng = np.random.default_rng(4)
+    epochs = []
+    for _ in range(12):
+        written = np.unique(rng.integers(0, 64, 5)).astype(np.uint64)
+        epochs.append(table.seal(written))
+        cache.sealed(epochs[-1], written)
+    cache.sealed(table.seal([]), np.empty(0, np.uint64))
+    epochs.append(len(table.history) - 1)
+    for epoch in (3, 4, 9, 13, 2, 13):  # forward, then a replay at an older epoch, then forward
+        before = table.asked
+        got = cache.at(resident, epoch, table.versions_at)
+        assert got == [(p, table.version(p, epoch)) for p in resident.pages().tolist()], epoch
+        if epoch == 13:
+            assert table.asked - before < len(resident)  # only the pages sealed since
+    assert cache.at(resident, 13, table.versions_at) is got  # nothing sealed since: the same set
+    cache.sealed(table.seal([40]), None)  # a stage start whose sealed pages are not known
+    before = table.asked
+    assert cache.at(resident, 14, table.versions_at) == [(p, table.version(p, 14)) for p in resident.pages().tolist()]
+    assert table.asked - before == len(resident)  # read again whole
