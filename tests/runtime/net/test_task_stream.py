@@ -140,10 +140,10 @@ def test_the_writer_thread_runs_only_while_there_is_a_backlog(monkeypatch):
     assert link.writer is None
     for stage in (2, 3):  # a large one each time: a writer thread, which then ends
         link.launch(launch(stage, b"p" * (3 * task_stream.INLINE_BYTES)))
-        wait_for(lambda: len(frames) == stage)
+        wait_for(lambda stage=stage: len(frames) == stage)
         writer = link.writer
         assert writer is not None and writer.name == "clamor-stream-out-3"
-        wait_for(lambda: not writer.is_alive())
+        wait_for(lambda writer=writer: not writer.is_alive())
     link.launch(launch(4))
     wait_for(lambda: len(frames) == 4)
     assert items(frames) == [("launch", s) for s in (1, 2, 3, 4)]
