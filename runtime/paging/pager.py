@@ -179,10 +179,10 @@ class DriverPager:
         return pages
 
     def versions_at(self, runs: bytes, epoch: int) -> np.ndarray:
-        pages = np.frombuffer(runs, np.uint64)
+        words = np.frombuffer(runs, np.uint64)  # two a run: the first page, the count
         total = int(np.frombuffer(runs, read_sets.RUN)["count"].sum()) if runs else 0
         out = np.empty(total, np.uint32)
-        n = int(lib.clamor_driver_versions_at(ffi.from_buffer("uint64_t[]", pages), len(pages) // 2,
+        n = int(lib.clamor_driver_versions_at(ffi.from_buffer("uint64_t[]", words), len(words) // 2,
                                               max(0, min(int(epoch), 2**32 - 1)),
                                               ffi.from_buffer("uint32_t[]", out), total))  # fmt: skip
         if n != total:

@@ -233,14 +233,13 @@ def _updated(read_set: ReadSet, changed: np.ndarray, epoch: int,
              versions_at: Callable[[bytes, int], np.ndarray]) -> ReadSet:  # fmt: skip
     """``read_set`` (pages with a version each) with the pages of ``changed`` it holds read
     again at ``epoch``; itself if it holds none of them."""
-    runs = read_set._runs
+    runs, changed = read_set._runs, np.unique(changed)
     first, count = runs["first"].astype(np.uint64), runs["count"].astype(np.uint64)
-    at = np.searchsorted(first, changed, side="right").astype(np.int64) - 1  # the run each could be in
-    inside = (at >= 0) & (changed < first[np.maximum(at, 0)] + count[np.maximum(at, 0)])
+    run = np.searchsorted(first, changed, side="right").astype(np.int64) - 1  # the run each could be in
+    inside = (run >= 0) & (changed < first[np.maximum(run, 0)] + count[np.maximum(run, 0)])
     if not inside.any():
         return read_set
-    hit = np.unique(changed[inside])
-    run = np.searchsorted(first, hit, side="right").astype(np.int64) - 1
+    hit, run = changed[inside], run[inside]
     offsets = np.concatenate(([0], np.cumsum(count.astype(np.int64))[:-1]))
     where = offsets[run] + (hit - first[run]).astype(np.int64)
     versions = read_set.versions().copy()

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+import numpy as np
 from clamor.runtime import deadlines
 from clamor.runtime.data import accumulators
 from clamor.runtime.errors import (
@@ -391,8 +392,7 @@ class Executor:
             if time.monotonic() - self._polled >= POLL_INTERVAL:
                 self._poll()
                 self._polled = time.monotonic()
-            epoch, pages = self._paging.begin_stage()
-            self._read_sets.sealed(epoch, self._paging.sealed())
+            epoch, pages = self._begin_stage()
             self.stages_run += 1
             try:
                 if len(pages):
@@ -505,6 +505,13 @@ class Executor:
             self._post_and_wait(lambda s: [])
         self.stopper.wait()
 
+    def _begin_stage(self) -> tuple[int, np.ndarray]:
+        """Seal a new epoch (stage lock held): the epoch and the pages to invalidate. The
+        read-set cache learns which pages it gave a new version."""
+        epoch, pages = self._paging.begin_stage()
+        self._read_sets.sealed(epoch, self._paging.sealed())
+        return epoch, pages
+
     def _with_versions(self, results: list[TaskResult], epoch: int) -> list[TaskResult]:
         """Resident read sets with the versions their pages have at ``epoch`` (the stage's),
         read from the driver's page table before the next stage start can seal a newer one."""
@@ -518,8 +525,7 @@ class Executor:
         the version log, so the arena as of the epoch stays readable (a checkpoint). The
         ``live`` workers drop the pages written since the last stage."""
         with self._stage_lock:
-            epoch, pages = self._paging.begin_stage()
-            self._read_sets.sealed(epoch, self._paging.sealed())
+            epoch, pages = self._begin_stage()
             try:
                 if len(pages):
                     self.endpoints.invalidate(epoch, pages, live())
