@@ -108,17 +108,26 @@ def goal_lines(goals: list[dict[str, Any]], digits: int = 2) -> list[str]:
     return lines
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """Process ``pid`` and its children (empty if it is gone)."""
+    try:
+        p = psutil.Process(pid)
+        return [p, *p.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def rss(p: psutil.Process) -> int:
+    """Resident bytes of ``p`` (0 once it is gone)."""
+    try:
+        return p.memory_info().rss
+    except psutil.Error:
+        return 0
+
+
 def tree_rss(pids: Iterable[int]) -> int:
     """Resident bytes of the largest of ``pids`` (with their children): a worker's peak proxy."""
-    best = 0
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            procs = [p, *p.children(recursive=True)]
-            best = max(best, sum(q.memory_info().rss for q in procs if q.is_running()))
-        except psutil.NoSuchProcess:
-            continue
-    return best
+    return max((sum(rss(p) for p in process_tree(pid)) for pid in pids), default=0)
 
 
 def save(result: dict[str, Any]) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from harness.children import CHILD_MARKER, busy_seconds, marked_processes
-from harness.results import tree_rss
+from harness.results import process_tree, rss, tree_rss
 
 #: A worker's own page cache, a memfd: its pages count in RSS only where a task touched
 #: them through the mapping, so :func:`worker_memory` adds the part RSS does not show.
@@ -55,9 +55,8 @@ def worker_memory(results: Sequence[tuple]) -> tuple[int, int]:
     pids = {r[-1] for r in results}
     mem = 0
     for pid in pids:  # like tree_rss: the process and its children
-        with contextlib.suppress(OSError, psutil.Error):
-            tree = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
-            mem = max(mem, sum(_memory(p) for p in tree))
+        with contextlib.suppress(OSError):
+            mem = max(mem, sum(_memory(p.pid) for p in process_tree(pid)))
     return tree_rss(pids), mem
 
 
@@ -88,33 +87,16 @@ class RssSampler:
         if not self.pids:
             return self.peak
         if self._samples % self.TREE_EVERY == 0 or not self._trees:
-            self._trees = [_tree(pid) for pid in self.pids]
+            self._trees = [process_tree(pid) for pid in self.pids]
         self._samples += 1
         for tree in self._trees:
-            self.peak = max(self.peak, sum(_rss(p) for p in tree))
+            self.peak = max(self.peak, sum(rss(p) for p in tree))
         return self.peak
 
     def stop(self) -> int:
         self._stop.set()
         self._thread.join()
         return self.sample()
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    """Process ``pid`` and its children (empty if it is gone)."""
-    try:
-        p = psutil.Process(pid)
-        return [p, *p.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _rss(p: psutil.Process) -> int:
-    """Resident bytes of ``p`` (0 once it is gone)."""
-    try:
-        return p.memory_info().rss
-    except psutil.Error:
-        return 0
 
 
 class OtherLoad:
