@@ -46,6 +46,7 @@ _EXPORTS = {
     "empty_like": "clamor.runtime.paging.arena",
     "in_arena": "clamor.runtime.paging.arena",
     "shared": "clamor.runtime.paging.arena",
+    "gather": "clamor.runtime.paging.gather",
     "prefetch": "clamor.runtime.paging.pager",
     "write": "clamor.runtime.paging.writes",
 }
@@ -83,6 +84,7 @@ if TYPE_CHECKING:
         in_arena,
         shared,
     )
+    from clamor.runtime.paging.gather import gather
     from clamor.runtime.paging.pager import prefetch
     from clamor.runtime.paging.writes import write
 
@@ -134,6 +136,7 @@ __all__ = [
     "configure",
     "empty",
     "empty_like",
+    "gather",
     "in_arena",
     "prefetch",
     "restore",

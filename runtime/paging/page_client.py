@@ -25,12 +25,13 @@ from clamor.runtime.credentials import TLS_SERVER_NAME, TLSMaterial
 MAGIC = 0x504D4C43
 VERSION = 1
 HEADER = struct.Struct("<IHHQIIIIQ")  # magic, version, type, page, epoch, aux, flags, aux2, length
-HELLO, AUTH, AUTH_OK, GET, PAGE, REDIRECT, ERROR, HAVE = range(1, 9)
+HELLO, AUTH, AUTH_OK, GET, PAGE, REDIRECT, ERROR, HAVE, ROWS = range(1, 10)
 ERR_BAD_REQUEST, ERR_PAGE_RANGE, ERR_NO_VERSION, ERR_NOT_HELD, ERR_AUTH = range(1, 6)
 NO_REDIRECT = 1
 ANY_CLIENT = 0xFFFFFFFF
 NONCE = 32
 MAX_BATCH = 1024  # pages in one GET (CL_MAX_BATCH)
+MAX_ROWS, MAX_ROWS_BYTES = 1 << 20, 64 << 20  # rows in one ROWS request, their bytes (CL_MAX_ROWS*)
 
 
 class PageProtocolError(ConnectionError):
@@ -161,6 +162,13 @@ class PageClient:
             if reply.type == ERROR:
                 break
         return replies
+
+    def rows(self, offsets: list[int], row_bytes: int, epoch: int) -> Reply:
+        """ROWS: the ``row_bytes`` at each arena offset as of `epoch`, in one reply (its
+        ``data``), or an error."""
+        payload = struct.pack(f"<{len(offsets)}Q", *offsets)
+        self.sock.sendall(pack(ROWS, 0, epoch, len(offsets), aux2=row_bytes, length=len(payload)) + payload)
+        return self.recv()
 
     def close(self) -> None:
         self.sock.close()

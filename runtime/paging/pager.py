@@ -447,10 +447,30 @@ class WorkerPager:
             raise IndexError(f"index out of bounds for an axis of length {axis_len}")
         return n
 
+    def gather(self, offsets: np.ndarray, row_bytes: int, out: np.ndarray) -> bool:
+        """Copy the ``row_bytes`` at each arena offset into ``out`` (C-contiguous), as the
+        running task's epoch reads them, asking the driver for the rows' bytes alone;
+        ``False`` where this worker does not (it maps pages in place, or keeps exact read
+        sets): the caller reads the rows through the arena instead."""
+        offsets = np.ascontiguousarray(offsets, dtype=np.uint64)
+        rc = int(lib.clamor_worker_gather(ffi.from_buffer("uint64_t[]", offsets), len(offsets), row_bytes,
+                                          ffi.from_buffer("uint8_t[]", out, require_writable=True)))  # fmt: skip
+        if rc == -2:
+            raise PagingError("a row to gather lies outside the arena")
+        if rc > 0:
+            why = _ROWS_REFUSED.get(rc, f"error {rc}")
+            raise PagingError(f"the driver refused to send rows of {row_bytes} bytes: {why}")
+        return rc == 0
+
     def touch(self, offset: int, length: int) -> None:
         """Fault in [offset, offset + length) now, e.g. before handing it to a system call."""
         if lib.clamor_worker_touch(offset, length):
             raise PagingError(f"range {offset}+{length} is outside the arena")
+
+
+#: Why the driver refused a CL_ROWS request (protocol.h's cl_error codes).
+_ROWS_REFUSED = {1: "a bad request", 2: "a row lies outside its arena",
+                 3: "it no longer keeps the versions of the task's epoch"}  # fmt: skip
 
 
 def cache_limit_pages(budget_bytes: int, page_size: int) -> int:
@@ -490,6 +510,25 @@ def selected_rows(n: int, index: Any, what: str = "prefetch") -> np.ndarray:
     if idx.dtype.kind == "u" and idx.size and int(idx.max()) >= n:  # would wrap around as int64
         raise IndexError(f"index out of bounds for an axis of length {n}")
     return idx.ravel()
+
+
+def contiguous_rows(array: Any, index: Any, what: str) -> np.ndarray | None:
+    """The rows of ``array`` that ``index`` selects along the first axis (int64, negative
+    ones resolved), where each row is one run of bytes and the index is one numpy reads
+    row by row; else ``None``. ``IndexError`` for a row out of bounds."""
+    if not isinstance(array, np.ndarray) or not array.ndim or isinstance(index, tuple) or array.dtype.hasobject:
+        return None
+    inner = array.shape[1:]
+    contiguous = tuple(array.itemsize * math.prod(inner[i + 1:]) for i in range(len(inner)))
+    if array.strides[1:] != contiguous and math.prod(inner) > 1:
+        return None  # a row is not one run of bytes
+    n = array.shape[0]
+    rows = selected_rows(n, index, what).astype(np.int64, copy=False)
+    rows = np.where(rows < 0, rows + n, rows)
+    if len(rows) and (rows.min() < 0 or rows.max() >= n):
+        bad = rows[(rows < 0) | (rows >= n)][0]
+        raise IndexError(f"index {bad} is out of bounds for axis 0 with size {n}")
+    return rows
 
 
 def prefetch(array: np.ndarray, index: Any = None) -> int:

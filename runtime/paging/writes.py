@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from clamor.runtime.paging import arena
 from clamor.runtime.paging.native import _native
-from clamor.runtime.paging.pager import selected_rows
+from clamor.runtime.paging.pager import contiguous_rows
 
 ffi, lib = _native.ffi, _native.lib
 
@@ -41,7 +41,8 @@ def write(array: np.ndarray, index: Any, values: Any) -> None:
     not contiguous, an index of several axes, or on a worker (where arena arrays are
     read-only and numpy says so).
     """
-    rows = _native_rows(array, index)
+    writable = isinstance(array, np.ndarray) and array.flags.writeable and arena.in_arena(array)
+    rows = contiguous_rows(array, index, "write") if writable else None
     if rows is None:
         array[index] = values
         return
@@ -58,23 +59,3 @@ def write(array: np.ndarray, index: Any, values: Any) -> None:
         array[index] = values
     elif rc:
         raise IndexError("a row to write lies outside the arena")
-
-
-def _native_rows(array: Any, index: Any) -> np.ndarray | None:
-    """The rows ``index`` selects (int64, resolved and in bounds) where :func:`write` can
-    copy them natively, else ``None`` (``IndexError`` for rows out of bounds)."""
-    if not (isinstance(array, np.ndarray) and array.ndim and array.flags.writeable and arena.in_arena(array)):
-        return None
-    if isinstance(index, tuple) or array.dtype.hasobject:
-        return None
-    inner = array.shape[1:]
-    contiguous = tuple(array.itemsize * math.prod(inner[i + 1:]) for i in range(len(inner)))
-    if array.strides[1:] != contiguous and math.prod(inner) > 1:
-        return None  # a row is not one run of bytes
-    n = array.shape[0]
-    rows = selected_rows(n, index, "write").astype(np.int64, copy=False)
-    rows = np.where(rows < 0, rows + n, rows)
-    if len(rows) and (rows.min() < 0 or rows.max() >= n):
-        bad = rows[(rows < 0) | (rows >= n)][0]
-        raise IndexError(f"index {bad} is out of bounds for axis 0 with size {n}")
-    return rows

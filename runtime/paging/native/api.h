@@ -94,6 +94,7 @@ typedef struct {
     uint64_t directory_bytes;   /* the directory: 16 bytes a page, plus its holder bitmaps' pool */
     uint64_t holder_bitmaps;    /* pages held by more than 7 workers (a 128-byte bitmap each) */
     uint64_t direct_writes;     /* rows written by clamor_driver_write_rows (no write trap) */
+    uint64_t rows_served;       /* rows sent for CL_ROWS (clamor.gather on workers that copy pages) */
 } clamor_driver_stats;
 
 /* Workers a cluster can have: worker ids are 0 .. CLAMOR_MAX_WORKERS - 1. The driver's
@@ -199,6 +200,7 @@ typedef struct {
     uint64_t faultaround_pages; /* pages mapped with a faulting neighbour in its aligned block, without a fault of their own */
     uint64_t unmap_all;         /* task starts that unmapped the whole range (exact read sets, or an epoch its mappings do not serve) */
     uint64_t updated_in_place;  /* zero copy: pages the driver wrote between stages that stayed mapped, showing the new version */
+    uint64_t rows_gathered;     /* rows clamor_worker_gather fetched from the driver (CL_ROWS) */
 } clamor_worker_stats;
 
 int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,
@@ -246,6 +248,14 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n);
  * pages already mapped in place are skipped. -1: a row is out of bounds (nothing done). */
 int64_t clamor_worker_prefetch_rows(uint64_t start, int64_t stride, uint64_t row_bytes, const int64_t *rows,
                                     uint64_t n, int64_t axis_len);
+/* Copies the rows a task reads into `out`, without bringing in their pages, where the
+ * worker copies pages (not zero copy) and keeps resident read sets: row i is the
+ * `row_bytes` at arena offset offsets[i], as the task's epoch reads it, fetched from the
+ * driver in CL_ROWS requests (a large gather in several). The pages join the resident read
+ * set. 0: done; -1: not here (no pager, zero copy or exact read sets: make the pages
+ * resident and read them instead); -2: a row leaves the arena; a cl_error code > 0: the
+ * driver refused (CL_ERR_NO_VERSION: the epoch is gone). */
+int clamor_worker_gather(const uint64_t *offsets, uint64_t n, uint64_t row_bytes, uint8_t *out);
 
 /* ---------------------------------------------------------- checkpoints --
  * (runtime/data/checkpoint.py; issue 4 item 5) Save and re-create the arena's

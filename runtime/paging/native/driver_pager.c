@@ -90,6 +90,15 @@ static void answer(void *ctx, uint32_t client, const cl_msg *req, uint64_t p, in
     }
 }
 
+/* CL_ROWS: a task's rows at its epoch, read where they lie (no page is sent, none held). */
+static uint32_t rows(void *ctx, uint32_t client, uint32_t E, const uint64_t *offsets, uint64_t n,
+                     uint64_t row_bytes, uint8_t *out) {
+    (void)ctx, (void)client;
+    if (!pages_serves(E)) return CL_ERR_NO_VERSION;
+    pages_read_rows(E, offsets, n, row_bytes, out);
+    return 0;
+}
+
 /* CL_HAVE: a worker got a page from shared memory or a peer (no driver GET saw
  * it), or with CL_HAVE_DROPPED evicted one: the directory follows either way. */
 static void have(void *ctx, uint32_t client, const cl_msg *msg) {
@@ -134,8 +143,8 @@ static int start(uint64_t page_size, const uint8_t *token, size_t token_len, con
         return -1;
     }
     cl_service svc = {
-        .page_size = page_size, .num_pages = npages, .answer = answer, .have = have,
-        .pages_served = &st->pages_served, .bytes_served = &st->bytes_served,
+        .page_size = page_size, .num_pages = npages, .answer = answer, .have = have, .rows = rows,
+        .pages_served = &st->pages_served, .bytes_served = &st->bytes_served, .rows_served = &st->rows_served,
         .auth_failures = &st->auth_failures, .bad_requests = &st->bad_requests,
     };
     S.server = cl_server_start(bind_host, port, token, token_len, S.tls, &svc, err, errlen);

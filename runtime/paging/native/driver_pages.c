@@ -103,31 +103,32 @@ void pages_unlock(uint64_t p) { pthread_mutex_unlock(cl_stripe(&T.stripes, p)); 
 
 /* --------------------------------------------------------- page server -- */
 
-/* Resolves (page, epoch) to the bytes of the latest version <= epoch. Page lock held. */
-static void resolve(uint64_t p, uint32_t E, uint8_t *buf, cl_answer *a) {
+/* Where the bytes of page p's latest version <= epoch E lie (NULL: zeros, the page was
+ * first handed out after E), with that version and the last epoch it serves. Page lock held. */
+static const uint8_t *source_at(uint64_t p, uint32_t E, uint32_t *version, uint32_t *valid_until) {
     uint32_t v = T.version[p];
-    a->kind = CL_ANSWER_PAGE;
     if (v <= E) {
-        const uint8_t *src = (T.flags[p] & FL_DIRTY) ? T.log[p]->data : T.view + p * T.ps;
-        memcpy(buf, src, T.ps);
-        a->version = v;
-        a->valid_until = CL_OPEN_ENDED;
-        return;
+        *version = v, *valid_until = CL_OPEN_ENDED;
+        return (T.flags[p] & FL_DIRTY) ? T.log[p]->data : T.view + p * T.ps;
     }
     uint32_t older_than = v;
     for (logent *e = T.log[p]; e; e = e->next) {
         if (e->version <= E) {
-            memcpy(buf, e->data, T.ps);
-            a->version = e->version;
-            a->valid_until = e->valid_until;
-            return;
+            *version = e->version, *valid_until = e->valid_until;
+            return e->data;
         }
         older_than = e->version;
     }
-    /* The page was first handed out after epoch E: it was never written then. */
-    memset(buf, 0, T.ps);
-    a->version = 0;
-    a->valid_until = older_than - 1;
+    *version = 0, *valid_until = older_than - 1;
+    return NULL;
+}
+
+/* Resolves (page, epoch) to the bytes of the latest version <= epoch. Page lock held. */
+static void resolve(uint64_t p, uint32_t E, uint8_t *buf, cl_answer *a) {
+    a->kind = CL_ANSWER_PAGE;
+    const uint8_t *src = source_at(p, E, &a->version, &a->valid_until);
+    if (src) memcpy(buf, src, T.ps);
+    else memset(buf, 0, T.ps);
 }
 
 void pages_answer(uint32_t client, uint32_t E, uint32_t failed, uint64_t p, int may_redirect,
@@ -151,6 +152,24 @@ void pages_answer(uint32_t client, uint32_t E, uint32_t failed, uint64_t p, int 
     if (worker && a->version == T.version[p]) cl_dir_add(&T.dir, p, client);
     T.driver_bytes[p] += T.ps;
     pthread_mutex_unlock(m);
+}
+
+void pages_read_rows(uint32_t E, const uint64_t *offsets, uint64_t n, uint64_t row_bytes, uint8_t *out) {
+    for (uint64_t i = 0; i < n; i++) {
+        for (uint64_t at = offsets[i], end = at + row_bytes; at < end;) { /* a row may span pages */
+            uint64_t p = at / T.ps, in = at % T.ps, len = T.ps - in < end - at ? T.ps - in : end - at;
+            uint32_t v, hi;
+            pthread_mutex_t *m = cl_stripe(&T.stripes, p);
+            pthread_mutex_lock(m);
+            const uint8_t *src = source_at(p, E, &v, &hi);
+            if (src) memcpy(out, src + in, len);
+            else memset(out, 0, len);
+            T.requests[p]++;
+            T.driver_bytes[p] += len;
+            pthread_mutex_unlock(m);
+            out += len, at += len;
+        }
+    }
 }
 
 void pages_have(uint32_t client, const cl_msg *msg) {

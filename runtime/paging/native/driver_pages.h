@@ -41,6 +41,10 @@ int pages_serves(uint32_t E);
  * client is listed as a holder-to-be; else its bytes (buf) at the latest version <= E. */
 void pages_answer(uint32_t client, uint32_t E, uint32_t failed, uint64_t p, int may_redirect,
                   uint8_t *buf, cl_answer *a);
+/* CL_ROWS at epoch E: n rows of row_bytes at arena `offsets` (in the arena) into `out`,
+ * each page's part at its latest version <= E; the pages count the requests and bytes.
+ * The caller has checked that E is served. */
+void pages_read_rows(uint32_t E, const uint64_t *offsets, uint64_t n, uint64_t row_bytes, uint8_t *out);
 /* CL_HAVE from `client`: it got a page elsewhere, or dropped one. */
 void pages_have(uint32_t client, const cl_msg *msg);
 /* Worker w has (1) or no longer has (0) a page server to redirect to. */

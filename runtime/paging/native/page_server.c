@@ -91,6 +91,41 @@ static int serve_get(cl_server *s, int fd, uint32_t client, const cl_msg *req, u
     return 0;
 }
 
+/* Answers one CL_ROWS: reads the rows' offsets, checks that each row lies in the arena,
+ * and sends their bytes as the owner reads them at the request's epoch. A request that
+ * breaks the framing or the limits closes the connection (-1); one the owner refuses (an
+ * epoch it cannot serve) is answered CL_ERROR and the connection stays. */
+static int serve_rows(cl_server *s, int fd, uint32_t client, const cl_msg *req) {
+    const cl_service *svc = &s->svc;
+    uint64_t n = req->aux, row = req->aux2, arena = svc->num_pages * svc->page_size;
+    if (!svc->rows || !n || !row || n > CL_MAX_ROWS || n * row > CL_MAX_ROWS_BYTES || req->length != 8 * n) {
+        count(svc->bad_requests, 1);
+        send_error(fd, 0, CL_ERR_BAD_REQUEST);
+        return -1;
+    }
+    uint64_t *offsets = malloc(8 * n);
+    uint8_t *out = malloc(n * row);
+    int rc = -1;
+    if (!offsets || !out || cl_recv_all(fd, offsets, 8 * n)) goto done;
+    uint32_t error = 0;
+    for (uint64_t i = 0; i < n && !error; i++)
+        if (offsets[i] > arena || row > arena - offsets[i]) error = CL_ERR_PAGE_RANGE;
+    if (!error) error = svc->rows(svc->ctx, client, req->epoch, offsets, n, row, out);
+    if (error) {
+        count(svc->bad_requests, 1);
+        rc = send_error(fd, 0, error);
+        goto done;
+    }
+    cl_msg a = cl_make(CL_ROWS, 0, req->epoch, (uint32_t)n);
+    a.length = n * row;
+    rc = cl_send_msg(fd, &a, out);
+    if (!rc) count(svc->rows_served, n), count(svc->bytes_served, n * row);
+done:
+    free(offsets);
+    free(out);
+    return rc;
+}
+
 /* Logs a refused connection; at most LOG_BURST lines per LOG_WINDOW seconds,
  * so a flood of bad clients cannot flood the log. */
 #define LOG_BURST 10
@@ -149,6 +184,8 @@ static void *conn_main(void *arg) {
         }
         if (m.type == CL_GET) {
             if (serve_get(s, c->fd, client, &m, buf)) break;
+        } else if (m.type == CL_ROWS) {
+            if (serve_rows(s, c->fd, client, &m)) break;
         } else if (m.type == CL_HAVE && m.length == 0 && s->svc.have) {
             if (m.page < s->svc.num_pages) s->svc.have(s->svc.ctx, client, &m);
             else count(s->svc.bad_requests, 1);

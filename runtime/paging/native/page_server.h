@@ -29,8 +29,13 @@ typedef struct {
     /* CL_HAVE notifications (a page got elsewhere, or dropped: CL_HAVE_DROPPED);
      * NULL where the server does not keep a directory. */
     void (*have)(void *ctx, uint32_t client, const cl_msg *m);
+    /* CL_ROWS: fills `out` with n rows of row_bytes at arena `offsets` (checked to lie in
+     * the arena), as epoch E reads them; 0, or a cl_error code. NULL where the server
+     * does not answer rows (a worker's). */
+    uint32_t (*rows)(void *ctx, uint32_t client, uint32_t E, const uint64_t *offsets, uint64_t n,
+                     uint64_t row_bytes, uint8_t *out);
     void *ctx;
-    uint64_t *pages_served, *bytes_served, *auth_failures, *bad_requests;
+    uint64_t *pages_served, *bytes_served, *auth_failures, *bad_requests, *rows_served;
 } cl_service;
 
 typedef struct cl_server cl_server;

@@ -14,6 +14,8 @@
 #define CL_OPEN_ENDED 0xffffffffu   /* valid_until of a page's current version */
 #define CL_MAX_BATCH 1024           /* pages in one read-ahead request */
 #define CL_MAX_WORKERS 1024         /* worker ids 0..1023: CLAMOR_MAX_WORKERS (api.h) says why */
+#define CL_MAX_ROWS (1u << 20)      /* rows in one CL_ROWS request */
+#define CL_MAX_ROWS_BYTES (64u << 20) /* bytes of rows in one CL_ROWS answer */
 
 enum cl_type {
     CL_HELLO = 1,    /* server -> client: nonce */
@@ -25,6 +27,9 @@ enum cl_type {
     CL_ERROR = 7,    /* page, aux=error code */
     CL_HAVE = 8,     /* client -> driver: page, epoch=version, aux=source (0 shm, peer + 1),
                         flags=cl_have_flags */
+    CL_ROWS = 9,     /* client -> driver: epoch, aux=rows, aux2=row bytes; payload: each row's
+                        arena offset (uint64). driver -> client: epoch, aux=rows; payload: the
+                        rows' bytes at the latest version <= epoch, in order */
 };
 
 enum cl_error {

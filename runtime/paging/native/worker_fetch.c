@@ -1,7 +1,8 @@
 /* Fetching pages for the worker pager (worker_fetch.h): from the driver's memfd on
  * this host, from the driver over TCP (which may REDIRECT to a peer holding the page),
- * from that peer; read-ahead after sequential faults; and prefetch of a task's known
- * pages with many requests in flight. Everything here runs under the fetch lock.
+ * from that peer; read-ahead after sequential faults; prefetch of a task's known
+ * pages with many requests in flight; and a gather's rows, asked of the driver without
+ * their pages (CL_ROWS). Everything here runs under the fetch lock.
  *
  * Fetch order: own cache -> the driver's memfd on this host (seqlock-checked
  * against the driver's page state table) -> the driver over TCP, which may
@@ -428,4 +429,48 @@ int64_t fetch_prefetch_rows(uint64_t start, int64_t stride, uint64_t row_bytes, 
     uint64_t done = !m ? 0 : unit == F.ps ? fetch_prefetch(units, m) : fetch_prefetch_pieces(units, m);
     free(units);
     return (int64_t)done;
+}
+
+/* ---------------------------------------------------------------- rows -- */
+
+/* One CL_ROWS exchange: k rows (within the protocol's limits) into out. 0, or the
+ * driver's cl_error code; a broken connection is made again, five times at most. */
+static int rows_request(const uint64_t *offsets, uint64_t k, uint64_t row_bytes, uint32_t E, uint8_t *out) {
+    for (int io_errors = 0;;) {
+        int fd = conn_driver(offsets[0] / F.ps);
+        cl_msg g = cl_make(CL_ROWS, 0, E, (uint32_t)k), m;
+        g.aux2 = (uint32_t)row_bytes;
+        g.length = 8 * k;
+        if (cl_send_msg(fd, &g, offsets) || cl_recv_msg(fd, &m)) goto io_error;
+        if (m.type == CL_ERROR) {
+            if (m.aux != CL_ERR_NO_VERSION && m.aux != CL_ERR_PAGE_RANGE) conn_reset_driver(); /* it hung up */
+            return m.aux ? (int)m.aux : CL_ERR_BAD_REQUEST;
+        }
+        if (m.type != CL_ROWS || m.aux != k || m.length != k * row_bytes || cl_recv_all(fd, out, k * row_bytes))
+            goto io_error;
+        return 0;
+    io_error:
+        conn_reset_driver();
+        if (++io_errors == 5) die(EXIT_DRIVER_UNREACHABLE, "lost the connection to the driver", offsets[0] / F.ps);
+    }
+}
+
+int fetch_gather(const uint64_t *offsets, uint64_t n, uint64_t row_bytes, uint8_t *out) {
+    if (maps_zero_copy() || rs_exact() || !row_bytes || row_bytes > CL_MAX_ROWS_BYTES) return -1;
+    const uint64_t arena = F.npages * F.ps;
+    for (uint64_t i = 0; i < n; i++)
+        if (offsets[i] > arena || row_bytes > arena - offsets[i]) return -2;
+    uint64_t per = CL_MAX_ROWS_BYTES / row_bytes < CL_MAX_ROWS ? CL_MAX_ROWS_BYTES / row_bytes : CL_MAX_ROWS;
+    uint32_t E = rs_epoch();
+    int rc = 0;
+    pthread_mutex_lock(&F.lock);
+    for (uint64_t done = 0; done < n && !rc; done += per) {
+        uint64_t k = n - done < per ? n - done : per;
+        rc = rows_request(offsets + done, k, row_bytes, E, out + done * row_bytes);
+    }
+    pthread_mutex_unlock(&F.lock);
+    if (rc) return rc;
+    rs_record_rows(offsets, n, row_bytes, F.ps);
+    ADD(rows_gathered, n), ADD(bytes_fetched, n * row_bytes);
+    return 0;
 }

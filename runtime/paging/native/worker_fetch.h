@@ -1,6 +1,6 @@
 /* Fetching pages (worker_fetch.c): from the driver's memfd on this host, from the
  * driver over TCP and the peers it redirects to; read-ahead; prefetch of a task's
- * known pages.
+ * known pages; a gather's rows without their pages.
  *
  * Lock: the fetch lock, held by the fault handler for each batch of faults and by a
  * task's prefetch. It serialises the driver and peer connections (worker_conn.h), the
@@ -42,6 +42,8 @@ uint64_t fetch_prefetch_pieces(const uint64_t *pieces, uint64_t n);
 /* clamor_worker_prefetch_rows (api.h). */
 int64_t fetch_prefetch_rows(uint64_t start, int64_t stride, uint64_t row_bytes, const int64_t *rows, uint64_t n,
                             int64_t axis_len);
+/* clamor_worker_gather (api.h), of a running pager; it takes the fetch lock. */
+int fetch_gather(const uint64_t *offsets, uint64_t n, uint64_t row_bytes, uint8_t *out);
 
 #pragma GCC visibility pop
 

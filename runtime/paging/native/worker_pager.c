@@ -221,6 +221,10 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n) {
     return P.running && n ? fetch_prefetch(pages, n) : 0;
 }
 
+int clamor_worker_gather(const uint64_t *offsets, uint64_t n, uint64_t row_bytes, uint8_t *out) {
+    return !P.running ? -1 : n ? fetch_gather(offsets, n, row_bytes, out) : 0;
+}
+
 int64_t clamor_worker_prefetch_rows(uint64_t start, int64_t stride, uint64_t row_bytes, const int64_t *rows,
                                     uint64_t n, int64_t axis_len) {
     return P.running && n && row_bytes ? fetch_prefetch_rows(start, stride, row_bytes, rows, n, axis_len) : 0;

@@ -35,6 +35,8 @@ static struct {
     uint64_t res_end;          /* every resident page is below it */
     uint64_t npages;
     uint32_t res_lo, res_hi;   /* the epochs every resident page serves: [newest version, earliest valid-until] */
+    uint64_t *gathered;        /* resident mode: a bit per page clamor.gather read rows of since the last
+                                  unmap_all (not mapped: its version is the driver's at the task's epoch) */
 } R;
 
 int rs_init(uint64_t npages) {
@@ -44,7 +46,8 @@ int rs_init(uint64_t npages) {
     R.npages = npages;
     R.readmark = calloc(npages, sizeof *R.readmark);
     R.res_ver1 = calloc(npages, sizeof *R.res_ver1);
-    return R.readmark && R.res_ver1 ? 0 : -1;
+    R.gathered = calloc((npages + 63) / 64, sizeof *R.gathered);
+    return R.readmark && R.res_ver1 && R.gathered ? 0 : -1;
 }
 
 uint32_t rs_epoch(void) { return atomic_load(&R.epoch); }
@@ -75,6 +78,19 @@ void rs_record(uint64_t p, uint32_t v, uint32_t hi) {
         R.pages[R.n] = p;
         R.vers[R.n++] = v;
     }
+    pthread_mutex_unlock(&R.lock);
+}
+
+void rs_record_rows(const uint64_t *offsets, uint64_t n, uint64_t row_bytes, uint64_t ps) {
+    pthread_mutex_lock(&R.lock);
+    for (uint64_t i = 0; i < n; i++)
+        for (uint64_t p = offsets[i] / ps, last = (offsets[i] + row_bytes - 1) / ps; p <= last; p++) {
+            uint64_t bit = 1ull << (p % 64);
+            if (R.gathered[p / 64] & bit) continue;
+            R.gathered[p / 64] |= bit;
+            R.res_gen++;
+            if (p + 1 > R.res_end) R.res_end = p + 1;
+        }
     pthread_mutex_unlock(&R.lock);
 }
 
@@ -121,6 +137,7 @@ void rs_clear_resident(void) {
     pthread_mutex_lock(&R.lock);
     if (!R.exact) {
         memset(R.res_ver1, 0, R.res_end * sizeof *R.res_ver1);
+        memset(R.gathered, 0, (R.res_end + 63) / 64 * sizeof *R.gathered);
         R.res_n = 0, R.res_gen++, R.res_end = 0;
         R.res_lo = 0, R.res_hi = CL_OPEN_ENDED;
     }
@@ -138,10 +155,10 @@ uint64_t clamor_worker_end_task(uint64_t *pages, uint32_t *versions, uint64_t ca
     return n;
 }
 
-/* Whether a page of [lo, hi) is resident (lock held). */
+/* Whether a page of [lo, hi) is resident, or was gathered from (lock held). */
 static int block_resident(uint64_t lo, uint64_t hi) {
     for (uint64_t p = lo; p < hi && p < R.res_end; p++)
-        if (R.res_ver1[p]) return 1;
+        if (R.res_ver1[p] || (R.gathered[p / 64] >> (p % 64) & 1)) return 1;
     return 0;
 }
 

@@ -18,6 +18,10 @@ int rs_exact(void);
 /* Page p is read at version v, which serves epochs up to hi: into the task's read set
  * (exact mode) or the resident set. */
 void rs_record(uint64_t p, uint32_t v, uint32_t hi);
+/* Resident mode: the pages of n rows of row_bytes at arena `offsets` (pages of ps bytes)
+ * were read at the task's epoch without being mapped (clamor.gather): they join the
+ * resident set without a version, which the driver reads at each task's epoch. */
+void rs_record_rows(const uint64_t *offsets, uint64_t n, uint64_t row_bytes, uint64_t ps);
 /* Resident mode: page p leaves the resident set (its version is no longer current). */
 void rs_unrecord(uint64_t p);
 /* Resident mode: page p, resident at an older version, now shows version v (the

@@ -1,6 +1,7 @@
 """Exact read sets (``read_sets="exact"``): every task starts with the arena range
 unmapped, so its read set is just the pages it touched, at a fault per page per task
-(resident read sets, the default, are in test_resident.py)."""
+(resident read sets, the default, are in test_resident.py). ``clamor.gather`` reads its
+rows through the arena here, so its read set is exact too."""
 
 from __future__ import annotations
 
@@ -27,3 +28,13 @@ def test_exact_read_sets_are_just_the_pages_touched(transport):
             assert cluster.run(lambda a, ix: int(a[ix].sum()), x, touch) == sum(touch)
             assert {p for p, _ in cluster.last_read_sets[0]} == pages
         assert cluster.worker_stats()[0]["unmap_all"] >= 2
+
+
+def test_a_gather_reads_its_rows_page_by_page_and_records_each():
+    x = clamor.array(96 * PER, np.float64)
+    x[:] = np.arange(len(x))
+    ids = np.array([3, 50 * PER + 1, 96 * PER - 1])
+    with clamor.Cluster(workers=1, page_size=PAGE, transport="tcp", read_sets="exact") as cluster:
+        assert cluster.run(lambda a, i: clamor.gather(a, i), x, ids).tolist() == ids.astype(float).tolist()
+        assert cluster.worker_stats()[0]["rows_gathered"] == 0  # not asked of the driver as rows
+        assert {p for p, _ in cluster.last_read_sets[0]} == {(arena.arena_offset(x) + i * 8) // PAGE for i in ids}

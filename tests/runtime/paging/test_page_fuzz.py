@@ -4,7 +4,7 @@ Over 10,000 malformed or hostile exchanges (hypothesis, derandomized) go to a
 real DriverPager: bad headers (magic, version, type, lengths), truncated
 messages, broken and partial handshakes, authenticated GETs with out-of-range
 pages, epochs, batch counts, flags and aux2 values, HAVEs with bogus fields,
-and random bytes. A model of the protocol predicts every reply byte for byte,
+ROWS requests with bad counts, row sizes, lengths and offsets, and random bytes. A model of the protocol predicts every reply byte for byte,
 whether the server keeps the connection, and how much the auth_failures and
 bad_requests counters move. A smaller batch runs the same properties inside
 TLS. Afterwards the server must still serve exactly the arena's bytes.
@@ -18,6 +18,7 @@ import hmac
 import random
 import socket
 import ssl
+import struct
 
 import numpy as np
 import pytest
@@ -129,7 +130,7 @@ def assert_closed(sock: socket.socket) -> None:
 def read_reply(sock: socket.socket) -> pc.Reply:
     magic, version, type_, page, epoch, aux, flags, aux2, length = pc.HEADER.unpack(recv_exact(sock, pc.HEADER.size))
     assert (magic, version) == (pc.MAGIC, pc.VERSION)
-    assert length <= PAGE
+    assert length <= 6 * 3 * PAGE  # a page, or the rows of rows_messages
     reply = pc.Reply(type_, page, epoch, aux, flags, aux2)
     reply.data = recv_exact(sock, length) if length else b""
     return reply
@@ -191,11 +192,14 @@ class Msg:
     magic: int = pc.MAGIC
     version: int = pc.VERSION
     truncate: int | None = None  # send only this many bytes, then end the connection
+    offsets: tuple[int, ...] = ()  # ROWS: the payload, sent only where the server reads it
 
     def wire(self) -> bytes:
         header = pc.pack(self.type, self.page, self.epoch, self.aux, self.flags, self.aux2, self.length,
                          magic=self.magic, version=self.version)  # fmt: skip
-        return header[: self.truncate] if self.truncate is not None else header
+        if self.truncate is not None:
+            return header[: self.truncate]
+        return header + struct.pack(f"<{len(self.offsets)}Q", *self.offsets)
 
 
 def check_page(s: Server, reply: pc.Reply, page: int, epoch: int) -> None:
@@ -206,6 +210,31 @@ def check_page(s: Server, reply: pc.Reply, page: int, epoch: int) -> None:
     assert reply.epoch == version and version <= epoch <= reply.aux
     assert (reply.flags, reply.aux2) == (0, 0)
     assert reply.data == _native.ffi.buffer(out)[:]
+
+
+def check_rows(s: Server, reply: pc.Reply, offsets: tuple[int, ...], row: int, epoch: int) -> None:
+    """A ROWS reply carrying each row's bytes as the pager resolves its pages at `epoch`."""
+    assert (reply.type, reply.epoch, reply.aux) == (pc.ROWS, epoch, len(offsets)), reply
+    pages: dict[int, bytes] = {}
+    for page in {p for o in offsets for p in range(o // PAGE, (o + row - 1) // PAGE + 1)}:
+        out = _native.ffi.new("uint8_t[]", PAGE)
+        assert _native.lib.clamor_driver_read_version(page, epoch, out) >= 0
+        pages[page] = _native.ffi.buffer(out)[:]
+    def row_bytes(o: int) -> bytes:
+        first = o // PAGE
+        return b"".join(pages[p] for p in range(first, (o + row - 1) // PAGE + 1))[o - first * PAGE :][:row]
+    assert reply.data == b"".join(row_bytes(o) for o in offsets)
+
+
+def rows_refusal(s: Server, m: Msg) -> int | None:
+    """The error a ROWS request gets (None: its rows), as page_server.c checks it."""
+    n, row = m.aux, m.aux2
+    if not (n and row and n <= pc.MAX_ROWS and n * row <= pc.MAX_ROWS_BYTES and m.length == 8 * n):
+        return pc.ERR_BAD_REQUEST
+    arena = s.num_pages * PAGE
+    if any(o > arena or row > arena - o for o in m.offsets):
+        return pc.ERR_PAGE_RANGE
+    return None if 1 <= m.epoch <= s.epoch else pc.ERR_NO_VERSION
 
 
 def exchange(s: Server, conn: Connection, msgs: list[Msg]) -> int:
@@ -226,6 +255,17 @@ def exchange(s: Server, conn: Connection, msgs: list[Msg]) -> int:
             return bad + 1
         if m.type == pc.HAVE and m.length == 0:
             bad += m.page >= s.num_pages  # counted, not answered
+            continue
+        if m.type == pc.ROWS:
+            refusal = rows_refusal(s, m)
+            if refusal is None:
+                check_rows(s, read_reply(sock), m.offsets, m.aux2, m.epoch)
+                continue
+            expect_error(sock, 0, refusal, keep=refusal != pc.ERR_BAD_REQUEST)
+            bad += 1
+            if refusal == pc.ERR_BAD_REQUEST:  # the server hung up
+                conn.drop()
+                return bad
             continue
         if m.type != pc.GET:
             expect_error(sock, m.page, pc.ERR_BAD_REQUEST)
@@ -274,8 +314,26 @@ def pages(s: Server) -> st.SearchStrategy[int]:
     )
 
 
+@st.composite
+def rows_messages(draw, s: Server) -> Msg:
+    """ROWS requests: counts, row sizes and lengths around the limits, offsets near the
+    data and past the arena's end; the offsets are sent where the server reads them."""
+    n = draw(st.one_of(st.integers(0, 6), st.sampled_from([pc.MAX_ROWS, pc.MAX_ROWS + 1]), u32))
+    row = draw(st.one_of(st.integers(0, 3 * PAGE), st.just(pc.MAX_ROWS_BYTES + 1), u32))
+    length = draw(st.one_of(st.just(8 * n), st.just(8 * n), st.integers(0, U64)))
+    if (n > 6 or row > 3 * PAGE) and length == 8 * n and row and n * row <= pc.MAX_ROWS_BYTES:
+        length += 1  # valid, it would need a million offsets sent, or read megabytes of arena
+    m = Msg(type=pc.ROWS, epoch=draw(st.one_of(st.integers(0, s.epoch + 1), u32)), aux=n, aux2=row, length=length)
+    if rows_refusal(s, m) == pc.ERR_BAD_REQUEST:
+        return m
+    arena = s.num_pages * PAGE
+    near = st.integers(max(0, s.first - 1) * PAGE, (s.first + DATA_PAGES + 1) * PAGE)
+    offsets = st.one_of(near, near, st.integers(arena - 2 * PAGE, U64))
+    return dataclasses.replace(m, offsets=tuple(draw(st.lists(offsets, min_size=n, max_size=n))))
+
+
 def messages(s: Server) -> st.SearchStrategy[Msg]:
-    return st.builds(
+    return rows_messages(s) | st.builds(
         Msg,
         type=st.one_of(st.just(pc.GET), st.just(pc.HAVE), st.integers(0, 0xFFFF)),
         page=pages(s),
@@ -287,7 +345,7 @@ def messages(s: Server) -> st.SearchStrategy[Msg]:
         magic=st.one_of(st.just(pc.MAGIC), st.just(pc.MAGIC), st.just(pc.MAGIC), st.integers(0, U32)),
         version=st.one_of(st.just(pc.VERSION), st.just(pc.VERSION), st.just(pc.VERSION), st.integers(0, 0xFFFF)),
         truncate=st.one_of(st.none(), st.none(), st.none(), st.none(), st.integers(0, pc.HEADER.size - 1)),
-    )
+    ).filter(lambda m: m.type != pc.ROWS)  # rows_messages builds those, with their payload
 
 
 # ------------------------------------------------------------------- fuzzing --
@@ -438,6 +496,7 @@ def test_after_fuzzing_the_server_serves_the_arena(server):
     s = server
     failures, bad = counters(s)
     assert failures > 0 and bad > 0
+    assert s.pager.stats()["driver"]["rows_served"] > 0  # the model checked ROWS replies too
     with pc.PageClient("127.0.0.1", s.pager.port, TOKEN, tls=s.context) as c:
         replies = c.get(s.first, s.epoch, count=DATA_PAGES)
         assert b"".join(r.data for r in replies) == s.data.tobytes()

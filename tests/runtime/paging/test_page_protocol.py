@@ -102,6 +102,48 @@ def test_bad_requests_get_error_replies_never_memory(pager, data):
     assert pager.stats()["driver"]["bad_requests"] >= 6
 
 
+def test_rows_are_served_at_the_requested_epoch_without_their_pages(pager):
+    x = clamor.array(3 * PAGE // 8, np.float64)
+    x[:] = np.arange(len(x))
+    epoch1, _ = pager.begin_stage()
+    pager.end_stage()
+    base = arena.arena_offset(x)
+    ids = [7, len(x) - 1, PAGE // 8 - 1, 7]  # one row twice; rows of different pages
+    offsets = [base + 8 * i for i in ids]
+    with client(pager) as c:
+        reply = c.rows(offsets, 8, epoch1)
+        assert (reply.type, reply.epoch, reply.aux) == (pc.ROWS, epoch1, 4)
+        assert np.frombuffer(reply.data, np.float64).tolist() == [float(i) for i in ids]
+        x[7] = -7.0
+        epoch2, _ = pager.begin_stage()
+        pager.end_stage()
+        assert np.frombuffer(c.rows(offsets[:1], 8, epoch2).data, np.float64).tolist() == [-7.0]
+        assert np.frombuffer(c.rows(offsets[:1], 8, epoch1).data, np.float64).tolist() == [7.0]  # the log's
+        straddling = c.rows([base + PAGE - 8], 16, epoch2)  # a row across two pages
+        assert np.frombuffer(straddling.data, np.float64).tolist() == [PAGE / 8 - 1, PAGE / 8]
+
+
+def test_bad_rows_requests_are_refused_and_the_server_goes_on(pager, data):
+    epoch, _ = pager.begin_stage()
+    pager.end_stage()
+    end = pager.stats()["driver"]["num_pages"] * PAGE
+    row = arena.arena_offset(data)
+    with client(pager) as c:  # refused, the connection kept
+        assert c.rows([end - 4], 8, epoch).error == pc.ERR_PAGE_RANGE  # runs past the arena's end
+        assert c.rows([row, 2**64 - 8], 8, epoch).error == pc.ERR_PAGE_RANGE  # would wrap around
+        assert c.rows([row], 8, epoch + 1).error == pc.ERR_NO_VERSION
+        assert np.frombuffer(c.rows([row], 8, epoch).data, np.float64).tolist() == [data[0]]
+    for n, row_bytes, length in [(0, 8, 0), (1, 0, 8), (pc.MAX_ROWS + 1, 8, 8 * (pc.MAX_ROWS + 1)),
+                                 (2, pc.MAX_ROWS_BYTES, 16), (2, 8, 8)]:  # fmt: skip
+        with client(pager) as c:  # refused, and the server hangs up: the framing is broken
+            c.send_raw(pc.pack(pc.ROWS, 0, epoch, n, aux2=row_bytes, length=length))
+            assert c.recv().error == pc.ERR_BAD_REQUEST
+            with pytest.raises((pc.PageProtocolError, ConnectionError)):
+                c.recv()
+    with client(pager) as c:
+        assert c.get(first_page(data), epoch)[0].type == pc.PAGE
+
+
 def test_read_version_rejects_bad_pages_and_epochs(pager):
     with pytest.raises(PagingError, match="out of range"):
         pager.read_version(10**12, 1)

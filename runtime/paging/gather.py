@@ -1,0 +1,49 @@
+"""A task's rows of an arena array, without bringing in their pages.
+
+A task that reads a few scattered rows of a large array (a parameter server's weights,
+an embedding table) makes each row's whole page resident: 4 KiB or more for an 8-byte
+weight. On the driver's host that costs a mapping per page; on another host it costs a
+page on the link per row, 500 times the bytes the task reads. :func:`gather` asks for
+the rows' bytes alone where pages travel by copy, and reads them in place where they
+are mapped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from clamor.runtime.paging.pager import contiguous_rows, prefetch, worker_pager
+
+
+def gather(array: np.ndarray, index: Any) -> np.ndarray:
+    """``array[index]`` as a new array, for rows of an arena array a task reads::
+
+        w = clamor.empty(10**8)                # the driver's weights
+        def task(rows):
+            ids = np.unique(idx[rows])
+            wl = clamor.gather(w, ids)         # w[ids]: 8 bytes an id on the link, not a page
+            ...
+
+    ``index`` selects along the first axis: integers (negative ones from the end, any
+    shape, as numpy's ``array[index]``), a slice or a boolean mask. The values are those
+    of the task's epoch, as any read of the arena; the rows' pages count in the task's
+    read set. A worker that copies pages (on another host than the driver, or with
+    ``transport="tcp"``) asks the driver for the rows' bytes in one request, and maps none
+    of their pages; on the driver's host, where pages are mapped in place, it is
+    :func:`~clamor.prefetch` and then ``array[index]``. So it is anywhere else: on the
+    driver, with exact read sets, for an array outside the arena, or for rows that are not
+    one run of bytes each.
+    """
+    pager = worker_pager()
+    start = pager.offset_of(array) if pager is not None and isinstance(array, np.ndarray) else None
+    rows = contiguous_rows(array, index, "gather") if start is not None else None
+    if rows is not None and len(rows):
+        lead = np.shape(index) if np.asarray(index).dtype.kind in "iu" else (len(rows),)
+        out = np.empty(lead + array.shape[1:], array.dtype)
+        row_bytes = array.itemsize * math.prod(array.shape[1:])
+        if row_bytes and pager.gather(start + rows * array.strides[0], row_bytes, out):
+            return out
+    prefetch(array, index)
+    return np.array(array[index])
