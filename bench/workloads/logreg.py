@@ -21,11 +21,14 @@ Programs (``--only`` takes these names, or a peer's name for its default program
 
 * **clamor**: examples and ``w`` in the arena (``clamor.asarray``/``clamor.empty``); one
   stage per iteration (``cluster.range(lo, hi, partitions=P).map_partitions``); a task
-  prefetches its rows and ``w[np.unique(idx[rows])]`` (``clamor.prefetch``), adds its
-  gradient into an accumulator (merged at the barrier); the driver updates ``w`` in place
-  with ``clamor.write(w, ids, w[ids] - step * g[ids])``, the docs' way for a sparse update
-  (``w[ids] -= ...`` takes a write-protect fault per page written: see docs/paging.md),
-  and workers re-fetch only the pages they touch that changed.
+  prefetches its rows (``clamor.prefetch``), reads the weights they touch with
+  ``clamor.gather(w, ids)``, ``ids = np.unique(idx[rows])`` (the docs' way for scattered
+  rows: on the driver's host it maps their pages in place, on another host it asks the
+  driver for the rows' bytes alone, not their 4 KiB pages), computes the gradient as the
+  peers' tasks do, and adds it per id into an accumulator (merged at the barrier); the
+  driver updates ``w`` in place with ``clamor.write(w, ids, w[ids] - step * g[ids])``, the
+  docs' way for a sparse update (``w[ids] -= ...`` takes a write-protect fault per page
+  written: see docs/paging.md).
 * **ray-ship** "ray (ship w[ids])": the driver computes each task's ``ids`` and passes
   ``ids`` and ``w[ids]`` by value (16 bytes an id; Ray inlines small arguments, and the
   examples are one ``ray.put`` before the clock starts, as Ray's anti-pattern page on
@@ -284,12 +287,14 @@ def run_clamor(p: dict, net: Any = None) -> list[dict]:
         drv = Driver(p, idx, val, y, w=w)
 
         def step(rows: range) -> np.ndarray:
-            if p["prefetch"]:  # the rows, then the weights they read: streams, not scattered faults
-                for a in (idx, val, y):
-                    clamor.prefetch(a, rows)
-                clamor.prefetch(w, np.unique(idx[rows.start:rows.stop]))
-            i, c = grad_rows(idx, val, y, w, rows.start, rows.stop)
-            grad.add(i, c)
+            if not p["prefetch"]:  # every page faults in on its first touch
+                grad.add(*grad_rows(idx, val, y, w, rows.start, rows.stop))
+                return np.array([len(rows)])
+            for a in (idx, val, y):  # the rows as one stream, then the weights they read
+                clamor.prefetch(a, rows)
+            ids = np.unique(idx[rows.start:rows.stop])
+            ids, g, _ = task_grad((idx, val, y), ids, clamor.gather(w, ids), rows.start, rows.stop)
+            grad.add(ids, g)
             return np.array([len(rows)])
 
         def read() -> tuple[int, int]:  # the driver's counters: bytes served (copied), mapped in place
@@ -309,8 +314,8 @@ def run_clamor(p: dict, net: Any = None) -> list[dict]:
             fetched, mapped = after[0] - before[0], after[1] - before[1]
             drv.record(dt, fetched + mapped, mapped)
         return drv.rows("clamor", sampler.stop(), page_size=cluster.page_size,
-                        note="bytes: pages the workers read (served by the driver or a peer, or mapped in "
-                             "place on the driver's host: bytes_mapped_runs)")  # fmt: skip
+                        note="bytes: pages and gathered rows the workers read (served by the driver or a "
+                             "peer, or mapped in place on the driver's host: bytes_mapped_runs)")  # fmt: skip
     finally:
         sampler.stop()
         cluster.close()
@@ -541,7 +546,7 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the field values (1.2)")
     ap.add_argument("--page-size", type=int, default=4096, help="Clamor page size (4 KiB)")
     ap.add_argument("--no-prefetch", action="store_true",
-                    help="Clamor's tasks fault their pages in one by one (no clamor.prefetch)")
+                    help="Clamor's tasks fault their pages in one by one (no clamor.prefetch, no clamor.gather)")
     network.add_network_argument(ap)
     ap.add_argument("--child", choices=tuple(PROGRAMS), help=argparse.SUPPRESS)
     ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
