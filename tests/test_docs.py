@@ -74,7 +74,8 @@ EXPECTED = {
                       "[0.0, 500000.0, 1000000.0, 1500000.0]", "[0, 1, 4, 9, 16]", "ZeroDivisionError", "{'C': 0.1}",
                       "raised in the driver",
                       "True", "True", "2", "3 3", "stopped after 1 s", "next"],
-    "paging.md": ["0.0", "1.0", "[0.0]", "True", "-0.5", "[ReadSet([(0, 1), (3, 1)])]", "32 0", "auto True False",
+    "paging.md": ["0.0", "1.0", "[0.0]", "True", "-0.5", "[ReadSet([(0, 1), (3, 1)])]", "32 0", "True 1000", "0",
+                  "auto True False",
                   "tcp False True"],
     "deployment.md": ["[True, True]", "['worker-0.log', 'worker-1.log']", "4950"],
 }  # fmt: skip

@@ -2,10 +2,10 @@
 
 A task that reads a few scattered rows of a large array (a parameter server's weights,
 an embedding table) makes each row's whole page resident: 4 KiB or more for an 8-byte
-weight. On the driver's host that costs a mapping per page; on another host it costs a
-page on the link per row, 500 times the bytes the task reads. :func:`gather` asks for
-the rows' bytes alone where pages travel by copy, and reads them in place where they
-are mapped.
+weight. On the driver's host that costs a mapping per page, and an invalidation per
+page the driver rewrites; on another host it costs a page on the link per row, 500
+times the bytes the task reads. :func:`gather` copies the rows' bytes alone: from the
+driver's memory on its host, from the driver over the page protocol elsewhere.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ def gather(array: np.ndarray, index: Any) -> np.ndarray:
     ``index`` selects along the first axis: integers (negative ones from the end, any
     shape, as numpy's ``array[index]``), a slice or a boolean mask. The values are those
     of the task's epoch, as any read of the arena; the rows' pages count in the task's
-    read set. A worker that copies pages (on another host than the driver, or with
-    ``transport="tcp"``) asks the driver for the rows' bytes in one request, and maps none
-    of their pages; on the driver's host, where pages are mapped in place, it is
-    :func:`~clamor.prefetch` and then ``array[index]``. So it is anywhere else: on the
-    driver, with exact read sets, for an array outside the arena, or for rows that are not
-    one run of bytes each.
+    read set, and none of them is mapped or cached. On the driver's host a row is copied
+    from the driver's memory where that shows the task's version; the other rows (all of
+    them on another host, or with ``transport="tcp"``) are asked of the driver, in one
+    request. Anywhere else it is :func:`~clamor.prefetch` and then ``array[index]``: on the
+    driver, with exact read sets (which record each page), for an array outside the arena,
+    or for rows that are not one run of bytes each.
     """
     pager = worker_pager()
     start = pager.offset_of(array) if pager is not None and isinstance(array, np.ndarray) else None

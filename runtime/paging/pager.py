@@ -449,9 +449,9 @@ class WorkerPager:
 
     def gather(self, offsets: np.ndarray, row_bytes: int, out: np.ndarray) -> bool:
         """Copy the ``row_bytes`` at each arena offset into ``out`` (C-contiguous), as the
-        running task's epoch reads them, asking the driver for the rows' bytes alone;
-        ``False`` where this worker does not (it maps pages in place, or keeps exact read
-        sets): the caller reads the rows through the arena instead."""
+        running task's epoch reads them, without their pages (from the driver's memory on
+        its host, else asked of the driver); ``False`` where this worker does not (exact
+        read sets): the caller reads the rows through the arena instead."""
         offsets = np.ascontiguousarray(offsets, dtype=np.uint64)
         rc = int(lib.clamor_worker_gather(ffi.from_buffer("uint64_t[]", offsets), len(offsets), row_bytes,
                                           ffi.from_buffer("uint8_t[]", out, require_writable=True)))  # fmt: skip

@@ -200,7 +200,8 @@ typedef struct {
     uint64_t faultaround_pages; /* pages mapped with a faulting neighbour in its aligned block, without a fault of their own */
     uint64_t unmap_all;         /* task starts that unmapped the whole range (exact read sets, or an epoch its mappings do not serve) */
     uint64_t updated_in_place;  /* zero copy: pages the driver wrote between stages that stayed mapped, showing the new version */
-    uint64_t rows_gathered;     /* rows clamor_worker_gather fetched from the driver (CL_ROWS) */
+    uint64_t rows_gathered;     /* rows clamor_worker_gather copied (from the driver's memory on its host, or asked of it) */
+    uint64_t rows_from_driver;  /* ... of which asked of the driver (CL_ROWS) */
 } clamor_worker_stats;
 
 int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,
@@ -249,12 +250,13 @@ uint64_t clamor_worker_prefetch(const uint64_t *pages, uint64_t n);
 int64_t clamor_worker_prefetch_rows(uint64_t start, int64_t stride, uint64_t row_bytes, const int64_t *rows,
                                     uint64_t n, int64_t axis_len);
 /* Copies the rows a task reads into `out`, without bringing in their pages, where the
- * worker copies pages (not zero copy) and keeps resident read sets: row i is the
- * `row_bytes` at arena offset offsets[i], as the task's epoch reads it, fetched from the
- * driver in CL_ROWS requests (a large gather in several). The pages join the resident read
- * set. 0: done; -1: not here (no pager, zero copy or exact read sets: make the pages
- * resident and read them instead); -2: a row leaves the arena; a cl_error code > 0: the
- * driver refused (CL_ERR_NO_VERSION: the epoch is gone). */
+ * worker keeps resident read sets: row i is the `row_bytes` at arena offset offsets[i], as
+ * the task's epoch reads it. On the driver's host, a row whose pages the driver's memory
+ * shows at that epoch is copied from it (its pages' state words checked before and after);
+ * every other row is asked of the driver in CL_ROWS requests (a large gather in several).
+ * The pages join the resident read set. 0: done; -1: not here (no pager, exact read sets:
+ * make the pages resident and read them instead); -2: a row leaves the arena; a cl_error
+ * code > 0: the driver refused (CL_ERR_NO_VERSION: the epoch is gone). */
 int clamor_worker_gather(const uint64_t *offsets, uint64_t n, uint64_t row_bytes, uint8_t *out);
 
 /* ---------------------------------------------------------- checkpoints --

@@ -21,6 +21,7 @@ static struct {
     uint32_t peer_ip[CL_MAX_WORKERS], peer_port[CL_MAX_WORKERS];
     int shm_fd; /* the driver's arena memfd, when on the same host */
     const _Atomic uint64_t *shm_state;
+    const uint8_t *shm_view; /* the memfd mapped read-only whole: a gather copies rows from it */
 } N;
 
 int conn_init(const uint8_t *token, size_t token_len, const char *driver_host, int driver_port,
@@ -39,19 +40,25 @@ int conn_init(const uint8_t *token, size_t token_len, const char *driver_host, i
     return 0;
 }
 
-static void *map_file(const char *path, uint64_t len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return NULL;
+static void *map_fd(int fd, uint64_t len) {
     void *p = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_NORESERVE, fd, 0);
-    close(fd);
     return p == MAP_FAILED ? NULL : p;
 }
 
+static void *map_file(const char *path, uint64_t len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    void *p = map_fd(fd, len);
+    close(fd);
+    return p;
+}
+
 int conn_open_shm(const char *arena_path, const char *state_path, int writable, uint64_t npages,
-                  char *err, size_t errlen) {
+                  uint64_t page_size, char *err, size_t errlen) {
     N.shm_fd = open(arena_path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     N.shm_state = map_file(state_path, npages * sizeof(uint64_t));
-    if (N.shm_fd < 0 || !N.shm_state)
+    N.shm_view = N.shm_fd < 0 ? NULL : map_fd(N.shm_fd, npages * page_size);
+    if (N.shm_fd < 0 || !N.shm_state || !N.shm_view)
         return CL_ERR("cannot map the driver's shared memory (%s): %s", arena_path, strerror(errno));
     return 0;
 }
@@ -59,6 +66,8 @@ int conn_open_shm(const char *arena_path, const char *state_path, int writable, 
 cl_tls_ctx *conn_tls(void) { return N.tls; }
 
 int conn_shm_fd(void) { return N.shm_fd; }
+
+const uint8_t *conn_shm_view(void) { return N.shm_view; }
 
 uint64_t conn_shm_state(uint64_t p) { return atomic_load(&N.shm_state[p]); }
 

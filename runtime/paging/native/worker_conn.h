@@ -22,10 +22,11 @@
  * peers (`tls` NULL: plaintext); nothing is connected yet. -1 and a message on failure. */
 int conn_init(const uint8_t *token, size_t token_len, const char *driver_host, int driver_port,
               const clamor_tls_pem *tls, char *err, size_t errlen);
-/* On the driver's host: maps its arena memfd (read-write where zero copy maps it in
- * place, else read-only) and its page state table of npages words. */
+/* On the driver's host: opens its arena memfd (read-write where zero copy maps it in
+ * place, else read-only) and maps it read-only whole (npages of page_size), and its page
+ * state table of npages words. */
 int conn_open_shm(const char *arena_path, const char *state_path, int writable, uint64_t npages,
-                  char *err, size_t errlen);
+                  uint64_t page_size, char *err, size_t errlen);
 
 /* The TLS context (NULL: plaintext), which this worker's page server serves with too. */
 cl_tls_ctx *conn_tls(void);
@@ -51,6 +52,9 @@ void conn_peer_close(uint32_t peer);
  * (version << 1 | dirty: pager_common.h). */
 int conn_shm_fd(void);
 uint64_t conn_shm_state(uint64_t p);
+/* The driver's arena memfd mapped read-only (NULL: not on its host). Its bytes are a
+ * page's version only while the page's state word says so (check, copy, check again). */
+const uint8_t *conn_shm_view(void);
 
 #pragma GCC visibility pop
 

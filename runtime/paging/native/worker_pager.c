@@ -183,7 +183,7 @@ int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size, 
     /* Read-write for zero copy only because userfaultfd registers only mappings that
      * could be made writable; the range itself stays PROT_READ. */
     int shm = shm_arena_path && *shm_arena_path, zero_copy = shm && shm_zap_path && *shm_zap_path;
-    if (shm && conn_open_shm(shm_arena_path, shm_state_path, zero_copy, P.npages, err, errlen)) return -1;
+    if (shm && conn_open_shm(shm_arena_path, shm_state_path, zero_copy, P.npages, page_size, err, errlen)) return -1;
     if (cache_init(page_size, P.npages, conn_tell_dropped, pending_arrived, err, errlen)) return -1;
     if (rs_init(P.npages) || pending_init(P.npages)) return CL_ERR("out of memory for the page tables");
     if (fetch_init(page_size, P.npages, readahead, err, errlen)) return -1;

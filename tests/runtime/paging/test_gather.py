@@ -1,11 +1,12 @@
 """``clamor.gather(array, index)``: a task's scattered rows of an arena array, as a new
-array, without bringing in their pages where pages travel by copy.
+array, without bringing in their pages.
 
 It is numpy's ``array[index]`` (negative rows, repeats, an index of any shape, slices,
-masks, rows of several columns) at the task's epoch, on every transport. A worker that
-copies pages asks the driver for the rows' bytes in one request: none of their pages is
-fetched, and they join the task's read set. Where pages are mapped in place it reads
-through the arena (so it does with exact read sets: test_exact_read_sets.py). Bad indices fail in the task, and the
+masks, rows of several columns) at the task's epoch, on every transport. On the driver's
+host the rows are copied from the driver's memory, and a row of a page the driver wrote
+since the task's epoch is asked of the driver; elsewhere every row is, in one request.
+None of their pages is fetched or mapped, and they join the task's read set. With exact
+read sets it reads through the arena (test_exact_read_sets.py). Bad indices fail in the task, and the
 cluster goes on.
 """
 
@@ -67,21 +68,22 @@ def test_rows_of_several_columns_come_whole_even_across_pages(cluster, shape):
     assert np.array_equal(got, np.asarray(m)[rows])
 
 
-def test_on_a_copying_worker_the_rows_travel_without_their_pages(cluster):
+def test_the_rows_travel_without_their_pages(cluster):
     w = clamor.asarray(np.arange(1 << 20, dtype=np.float64))  # 8 MiB, 2,048 pages
     ids = np.unique(np.random.default_rng(5).integers(0, len(w), 3_000))
-    fetched, gathered = worker_total(cluster, "pages_fetched"), worker_total(cluster, "rows_gathered")
+    before = {key: worker_total(cluster, key) for key in ("pages_fetched", "pages_mapped", "rows_gathered",
+                                                          "rows_from_driver")}  # fmt: skip
     served = cluster.paging.stats()["driver"]["rows_served"]
     got = cluster.run(lambda x, i: clamor.gather(x, i), w, ids, worker=0)
     assert np.array_equal(got, ids.astype(np.float64))
     (read_set,) = cluster.last_read_sets
     assert pages_of(w, ids) <= set(read_set.pages().tolist())  # the rows' pages were read
-    if cluster.worker_info(0)["zero_copy"]:  # mapped in place: rows read through the arena
-        assert worker_total(cluster, "rows_gathered") == gathered
-        return
-    assert worker_total(cluster, "rows_gathered") - gathered == len(ids)
-    assert cluster.paging.stats()["driver"]["rows_served"] - served == len(ids)
-    assert worker_total(cluster, "pages_fetched") == fetched  # not one page of w
+    moved = {key: worker_total(cluster, key) - n for key, n in before.items()}
+    assert moved["pages_fetched"] == moved["pages_mapped"] == 0  # not one page of w
+    assert moved["rows_gathered"] == len(ids)
+    from_driver = 0 if cluster.worker_info(0)["shm"] else len(ids)  # the driver's memory, or the driver
+    assert moved["rows_from_driver"] == from_driver
+    assert cluster.paging.stats()["driver"]["rows_served"] - served == from_driver
 
 
 def test_rows_are_those_of_the_tasks_epoch(cluster):
@@ -104,10 +106,12 @@ def test_a_write_while_the_stage_runs_is_not_seen_by_it(cluster):
         time.sleep(1.0)
         return clamor.gather(x, i).tolist()
 
+    from_driver = worker_total(cluster, "rows_from_driver")
     running = cluster.submit(gather_late, a, [10, 11], worker=0)
     time.sleep(0.3)  # the stage runs
     a[10] = 8.0
     assert running.result(timeout=30) == [7.0, 7.0]
+    assert worker_total(cluster, "rows_from_driver") - from_driver == 2  # their page is no longer the epoch's
     assert cluster.run(lambda x, i: clamor.gather(x, i).tolist(), a, [10, 11], worker=0) == [8.0, 7.0]
 
 
