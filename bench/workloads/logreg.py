@@ -62,8 +62,10 @@ iteration* (the R timed iterations of every pass: median, min and the 95 % inter
 median, ``harness.results.median_ci``) and *first iteration (cold)* (iteration 1 of each
 pass: a fresh system's first stage). Timed per iteration: computing and shipping
 ``w[ids]`` (or paging, or the broadcast), the gradient stage, the merge and the update.
-Bytes moved per iteration: Clamor's workers' ``bytes_fetched + bytes_mapped``; the
-peers' ``ids`` and ``w[ids]`` sent for the tasks (the broadcast: ``w`` per copy).
+Bytes moved per iteration: what Clamor's workers read of the driver's arena (pages and
+gathered rows the driver or a peer served, pages mapped in place, rows copied from the
+driver's memory: ``shm_row_bytes``); the peers' ``ids`` and ``w[ids]`` sent for the tasks
+(the broadcast: ``w`` per copy).
 Every program's loss after every iteration (on a fixed evaluation set) must match a
 reference computed in the parent (rtol 1e-6), else the row is marked wrong. Goals
 compare Clamor with the fastest program of each peer.
@@ -297,9 +299,10 @@ def run_clamor(p: dict, net: Any = None) -> list[dict]:
             grad.add(ids, g)
             return np.array([len(rows)])
 
-        def read() -> tuple[int, int]:  # the driver's counters: bytes served (copied), mapped in place
+        def read() -> tuple[int, int]:  # bytes served (copied) or read in place (mapped, gathered)
             s = cluster.summary()
-            return s["bytes_served_by_driver"] + s["bytes_served_by_peers"], s["bytes_mapped"]
+            gathered = sum(w["shm_row_bytes"] for w in cluster.worker_stats())
+            return s["bytes_served_by_driver"] + s["bytes_served_by_peers"], s["bytes_mapped"] + gathered
 
         for parts in batches(p):
             before = read()
@@ -315,7 +318,7 @@ def run_clamor(p: dict, net: Any = None) -> list[dict]:
             drv.record(dt, fetched + mapped, mapped)
         return drv.rows("clamor", sampler.stop(), page_size=cluster.page_size,
                         note="bytes: pages and gathered rows the workers read (served by the driver or a "
-                             "peer, or mapped in place on the driver's host: bytes_mapped_runs)")  # fmt: skip
+                             "peer, or read in place on the driver's host: bytes_mapped_runs)")  # fmt: skip
     finally:
         sampler.stop()
         cluster.close()

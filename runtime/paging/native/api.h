@@ -202,6 +202,7 @@ typedef struct {
     uint64_t updated_in_place;  /* zero copy: pages the driver wrote between stages that stayed mapped, showing the new version */
     uint64_t rows_gathered;     /* rows clamor_worker_gather copied (from the driver's memory on its host, or asked of it) */
     uint64_t rows_from_driver;  /* ... of which asked of the driver (CL_ROWS) */
+    uint64_t shm_row_bytes;     /* bytes of the rest: copied from the driver's memory on its host */
 } clamor_worker_stats;
 
 int clamor_worker_start(int worker_id, uint64_t arena_size, uint64_t page_size,

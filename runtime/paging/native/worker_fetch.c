@@ -1,8 +1,9 @@
 /* Fetching pages for the worker pager (worker_fetch.h): from the driver's memfd on
  * this host, from the driver over TCP (which may REDIRECT to a peer holding the page),
  * from that peer; read-ahead after sequential faults; prefetch of a task's known
- * pages with many requests in flight; and a gather's rows, asked of the driver without
- * their pages (CL_ROWS). Everything here runs under the fetch lock.
+ * pages with many requests in flight; and a gather's rows without their pages: copied
+ * from the driver's memory on its host (no lock: it only reads), else asked of the
+ * driver (CL_ROWS). Everything else here runs under the fetch lock.
  *
  * Fetch order: own cache -> the driver's memfd on this host (seqlock-checked
  * against the driver's page state table) -> the driver over TCP, which may
@@ -531,6 +532,6 @@ int fetch_gather(const uint64_t *offsets, uint64_t n, uint64_t row_bytes, uint8_
     free(missed);
     if (rc) return rc;
     rs_record_rows(offsets, n, row_bytes, F.ps);
-    ADD(rows_gathered, n);
+    ADD(rows_gathered, n), ADD(shm_row_bytes, (n - m) * row_bytes);
     return 0;
 }

@@ -71,8 +71,8 @@ def test_rows_of_several_columns_come_whole_even_across_pages(cluster, shape):
 def test_the_rows_travel_without_their_pages(cluster):
     w = clamor.asarray(np.arange(1 << 20, dtype=np.float64))  # 8 MiB, 2,048 pages
     ids = np.unique(np.random.default_rng(5).integers(0, len(w), 3_000))
-    before = {key: worker_total(cluster, key) for key in ("pages_fetched", "pages_mapped", "rows_gathered",
-                                                          "rows_from_driver")}  # fmt: skip
+    keys = ("pages_fetched", "pages_mapped", "rows_gathered", "rows_from_driver", "shm_row_bytes")
+    before = {key: worker_total(cluster, key) for key in keys}
     served = cluster.paging.stats()["driver"]["rows_served"]
     got = cluster.run(lambda x, i: clamor.gather(x, i), w, ids, worker=0)
     assert np.array_equal(got, ids.astype(np.float64))
@@ -83,6 +83,7 @@ def test_the_rows_travel_without_their_pages(cluster):
     assert moved["rows_gathered"] == len(ids)
     from_driver = 0 if cluster.worker_info(0)["shm"] else len(ids)  # the driver's memory, or the driver
     assert moved["rows_from_driver"] == from_driver
+    assert moved["shm_row_bytes"] == 8 * (len(ids) - from_driver)
     assert cluster.paging.stats()["driver"]["rows_served"] - served == from_driver
 
 
