@@ -10,11 +10,15 @@ driver's memory on its host, from the driver over the page protocol elsewhere.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
-from clamor.runtime.paging.pager import contiguous_rows, prefetch, worker_pager
+from clamor.runtime.paging.pager import (
+    contiguous_rows,
+    prefetch,
+    rows_layout,
+    worker_pager,
+)
 
 
 def gather(array: np.ndarray, index: Any) -> np.ndarray:
@@ -40,9 +44,8 @@ def gather(array: np.ndarray, index: Any) -> np.ndarray:
     start = pager.offset_of(array) if pager is not None and isinstance(array, np.ndarray) else None
     rows = contiguous_rows(array, index, "gather") if start is not None else None
     if rows is not None and len(rows):
-        lead = np.shape(index) if np.asarray(index).dtype.kind in "iu" else (len(rows),)
-        out = np.empty(lead + array.shape[1:], array.dtype)
-        row_bytes = array.itemsize * math.prod(array.shape[1:])
+        shape, row_bytes = rows_layout(array, index, rows)
+        out = np.empty(shape, array.dtype)
         if row_bytes and pager.gather(start + rows * array.strides[0], row_bytes, out):
             return out
     prefetch(array, index)

@@ -531,6 +531,13 @@ def contiguous_rows(array: Any, index: Any, what: str) -> np.ndarray | None:
     return rows
 
 
+def rows_layout(array: np.ndarray, index: Any, rows: np.ndarray) -> tuple[tuple[int, ...], int]:
+    """For rows ``rows`` that ``index`` selects (:func:`contiguous_rows`): the shape of
+    ``array[index]`` (an integer index keeps its own shape) and the bytes of one row."""
+    lead = np.shape(index) if np.asarray(index).dtype.kind in "iu" else (len(rows),)
+    return lead + array.shape[1:], array.itemsize * math.prod(array.shape[1:])
+
+
 def prefetch(array: np.ndarray, index: Any = None) -> int:
     """Bring in the arena pages that ``array[index]`` reads (all of ``array`` without an
     index) now, as one pipelined stream, instead of one page fault per page.

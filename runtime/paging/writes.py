@@ -12,13 +12,12 @@ untracked mapping of the arena, in one native call.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 from clamor.runtime.paging import arena
 from clamor.runtime.paging.native import _native
-from clamor.runtime.paging.pager import contiguous_rows
+from clamor.runtime.paging.pager import contiguous_rows, rows_layout
 
 ffi, lib = _native.ffi, _native.lib
 
@@ -46,13 +45,12 @@ def write(array: np.ndarray, index: Any, values: Any) -> None:
     if rows is None:
         array[index] = values
         return
-    lead = np.shape(index) if np.asarray(index).dtype.kind in "iu" else (len(rows),)
-    out = np.empty(lead + array.shape[1:], array.dtype)
+    shape, row_bytes = rows_layout(array, index, rows)
+    out = np.empty(shape, array.dtype)
     out[...] = values  # numpy's broadcasting and casting, as array[index] = values
     if not len(rows):
         return
     offsets = arena.arena_offset(array) + rows * array.strides[0]
-    row_bytes = array.itemsize * math.prod(array.shape[1:])
     rc = lib.clamor_driver_write_rows(ffi.from_buffer("int64_t[]", offsets), len(rows),
                                       ffi.from_buffer("uint8_t[]", out), row_bytes)  # fmt: skip
     if rc == 1:  # no pager runs, or a stage runs: the ordinary way
