@@ -334,7 +334,9 @@ def run_clamor(p: dict, net: Any = None) -> list[dict]:
             drv.record(dt, fetched + mapped, mapped)
         return drv.rows("clamor", sampler.stop(), page_size=cluster.page_size,
                         note="bytes: pages and gathered rows the workers read (served by the driver or a "
-                             "peer, or read in place on the driver's host: bytes_mapped_runs)")  # fmt: skip
+                             "peer, or read in place on the driver's host: bytes_mapped_runs); RSS "
+                             "counts the driver's arena pages a worker maps to copy rows from, shared "
+                             "with the driver (docs/paging.md, Gather)")  # fmt: skip
     finally:
         sampler.stop()
         cluster.close()
