@@ -483,6 +483,8 @@ static uint64_t gather_shm(const uint64_t *offsets, uint64_t n, uint64_t row_byt
             ok = shm_current(first, last, E);
         }
         if (!ok) missed[m++] = i;
+        else
+            for (uint64_t p = first; p <= last; p++) maps_count_read(p); /* the heat map's request */
     }
     return m;
 }

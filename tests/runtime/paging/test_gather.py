@@ -87,6 +87,16 @@ def test_the_rows_travel_without_their_pages(cluster):
     assert cluster.paging.stats()["driver"]["rows_served"] - served == from_driver
 
 
+def test_the_rows_pages_count_in_the_page_heat_map(cluster):
+    w = clamor.asarray(np.arange(1 << 18, dtype=np.float64))
+    ids = np.array([5, 100_000, (1 << 18) - 1])
+    before = cluster.page_stats(w)["requests"].copy()
+    cluster.run(lambda x, i: clamor.gather(x, i), w, ids)
+    first = cluster.page_stats(w)["first_page"]
+    hot = first + np.flatnonzero(cluster.page_stats(w)["requests"] > before)
+    assert set(hot.tolist()) == pages_of(w, ids)
+
+
 def test_rows_are_those_of_the_tasks_epoch(cluster):
     a = clamor.asarray(np.arange(8_192, dtype=np.float64))
     ids = np.array([1, 700, 5_000])
