@@ -22,11 +22,13 @@ Systems (each in its own child process; ``peers.py`` has the sessions, ``limits.
 limits'):
 
 * ``clamor``: the table is a ``clamor.empty`` arena array; ``cluster.run_stage`` with
-  the tasks placed round-robin, each shipping a reference; a task first calls
-  ``clamor.prefetch(table, keys)`` (it knows its keys), then does the lookups
-  (``--no-prefetch``: the workers fault in the pages they touch). Bytes moved: the
-  driver's ``bytes_served_by_driver + bytes_served_by_peers`` (on one host workers map
-  the driver's arena instead: ``bytes_mapped`` is recorded beside it).
+  the tasks placed round-robin, each shipping a reference; a task reads its keys' values
+  with ``clamor.gather(table, keys)`` (it knows its keys: the docs' way for scattered
+  rows, which copies the values, not their pages; ``--no-prefetch``: ``table[keys]``, the
+  workers fault in the pages they touch). Bytes moved: the driver's
+  ``bytes_served_by_driver + bytes_served_by_peers`` (on one host workers read the
+  driver's arena in place instead: the pages mapped and the values copied from it,
+  ``bytes_mapped`` and the workers' ``shm_row_bytes``, are recorded beside it).
 * ``dask``: ``client.scatter(table, broadcast=True, hash=False)`` then a
   ``client.submit`` per task with the future (Dask's docs, "Data Locality": scatter large
   data once, ``broadcast=True`` to every worker); bytes moved: the table x workers.
@@ -121,12 +123,13 @@ def _lookup(table, keys):
     return int(table[keys].sum()), os.getpid()
 
 
-def _lookup_prefetched(table, keys):
-    """Clamor's task: the same, after asking for the pages of its keys in one call."""
+def _lookup_gathered(table, keys):
+    """Clamor's task: the values of its keys without their pages (``clamor.gather``)."""
+    import os
+
     import clamor
 
-    clamor.prefetch(table, keys)
-    return _lookup(table, keys)
+    return int(clamor.gather(table, keys).sum()), os.getpid()
 
 
 def _sum_values(values):
@@ -186,7 +189,7 @@ def measure(system: str, rows, p: dict) -> None:
         progress(f"  {name}: started in {time.perf_counter() - t0:.1f} s")
         table = s.make_table(pages * per_page)
         small = s.make_table(per_page)  # the code-path warm-up's table
-        task = _lookup_prefetched if system == "clamor" and p["prefetch"] else _lookup
+        task = _lookup_gathered if system == "clamor" and p["prefetch"] else _lookup
         idle: list[int] = []
 
         def warm_code() -> None:
@@ -230,7 +233,9 @@ def measure(system: str, rows, p: dict) -> None:
                 c1 = s.cluster.stats()
                 runs.moved.append(sum(int(c1.get(k, 0)) - int(c0.get(k, 0))
                                       for k in ("bytes_served_by_driver", "bytes_served_by_peers")))
-                runs.mapped.append(int(c1.get("bytes_mapped", 0)) - int(c0.get("bytes_mapped", 0)))
+                gathered = sum(w.get("shm_row_bytes", 0) for w in c1["workers"]) - sum(
+                    w.get("shm_row_bytes", 0) for w in c0["workers"])
+                runs.mapped.append(int(c1.get("bytes_mapped", 0)) - int(c0.get("bytes_mapped", 0)) + gathered)
                 got = np.flatnonzero(s.cluster.page_stats(table)["requests"] > r0)
                 if case == COLD and not np.array_equal(got, chosen):
                     runs.problems.append(f"requested {got.size} pages, not the {chosen.size} touched")
@@ -347,7 +352,7 @@ def main() -> None:
                     help="cold repetitions per pass, each on a fresh system (2; quick 1)")  # fmt: skip
     ap.add_argument("--page-size", type=int, default=256 << 10, help="bytes (256 KiB)")
     ap.add_argument("--no-prefetch", action="store_true",
-                    help="Clamor's tasks fault their pages in one by one (no clamor.prefetch)")
+                    help="Clamor's tasks fault their pages in one by one (table[keys], no clamor.gather)")
     network.add_network_argument(ap)
     args = ap.parse_args()
     network.check_rate(ap, args.network)
