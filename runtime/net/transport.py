@@ -49,7 +49,8 @@ _refusals = RateLimitedLog(logger)
 #: pages packed as little-endian uint64s (InvalidateRequest.pages).
 #: 9: a resident read set travels without versions (TaskReport.resident): the driver
 #: reads them from its page table. The bulk channel's replies echo the request's key.
-PROTOCOL_VERSION = "9"
+#: 10: the page protocol has ROWS (clamor.gather): a driver of 9 would refuse it.
+PROTOCOL_VERSION = "10"
 PROTOCOL_METADATA_KEY = "x-clamor-protocol"
 
 #: Largest gRPC message sent or received, either way.
