@@ -177,7 +177,10 @@ int clamor_arena_create(uint64_t size, uint64_t large_align, char *err, size_t e
         return -1;
     }
 
+    /* At least 2 MiB (a page table's reach): the driver's write tracking moves 64 MiB
+     * chunks' page tables with mremap, a table at a time only where both ends are. */
     uint64_t align = large_align > SLAB_BYTES ? large_align : SLAB_BYTES;
+    if (align < (2ull << 20)) align = 2ull << 20;
     uint64_t nunits = size / UNIT;
     size_t blen_bytes = nunits * sizeof(uint32_t);
     size_t slabs_bytes = ((size + SLAB_BYTES - 1) / SLAB_BYTES) * sizeof(slab_t *);

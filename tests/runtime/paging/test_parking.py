@@ -96,6 +96,12 @@ def never_written(x: np.ndarray) -> int:
     return i
 
 
+def test_chunks_start_on_a_page_table_boundary():
+    """The arena starts on a 2 MiB boundary, so each 64 MiB chunk does: parking moves its
+    page tables a table at a time, not one entry per OS page (the slot is aligned too)."""
+    assert arena.get_arena().base % (2 << 20) == 0
+
+
 def test_a_write_to_a_parked_chunk_during_a_stage_is_not_seen_by_it(cluster):
     x = one_chunk()
     x[5] = 1.0
