@@ -43,6 +43,7 @@
 #include "clamor.h"
 #include "arena_alloc.h"
 #include "arena_internal.h"
+#include "pager_common.h"
 
 arena_state_t A = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -177,10 +178,10 @@ int clamor_arena_create(uint64_t size, uint64_t large_align, char *err, size_t e
         return -1;
     }
 
-    /* At least 2 MiB (a page table's reach): the driver's write tracking moves 64 MiB
-     * chunks' page tables with mremap, a table at a time only where both ends are. */
+    /* At least CL_PMD_BYTES: the driver's write tracking moves 64 MiB chunks' page
+     * tables with mremap, a table at a time only where both ends are aligned to it. */
     uint64_t align = large_align > SLAB_BYTES ? large_align : SLAB_BYTES;
-    if (align < (2ull << 20)) align = 2ull << 20;
+    if (align < CL_PMD_BYTES) align = CL_PMD_BYTES;
     uint64_t nunits = size / UNIT;
     size_t blen_bytes = nunits * sizeof(uint32_t);
     size_t slabs_bytes = ((size + SLAB_BYTES - 1) / SLAB_BYTES) * sizeof(slab_t *);
@@ -198,25 +199,20 @@ int clamor_arena_create(uint64_t size, uint64_t large_align, char *err, size_t e
         set_err(err, errlen, "ftruncate(%llu): %s", (unsigned long long)size, strerror(errno));
         goto fail;
     }
-    /* Reserve size + align and map the memfd at an aligned address inside, so
-     * that offset alignment and address alignment agree. */
-    reserve = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    /* Map the memfd at an aligned address, so that offset alignment and address
+     * alignment agree. */
+    reserve = cl_reserve_aligned(size, align);
     if (reserve == MAP_FAILED) {
         set_err(err, errlen, "cannot reserve %llu bytes of address space: %s",
                 (unsigned long long)(size + align), strerror(errno));
         goto fail;
     }
-    base = (uint8_t *)(((uintptr_t)reserve + align - 1) & ~(uintptr_t)(align - 1));
+    base = reserve;
     if (mmap(base, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
         set_err(err, errlen, "mmap of the arena: %s", strerror(errno));
         goto fail;
     }
-    if (base > reserve)
-        munmap(reserve, (size_t)(base - reserve));
-    if (reserve + size + align > base + size)
-        munmap(base + size, (size_t)(reserve + size + align - (base + size)));
-    reserve = MAP_FAILED; /* now split: base..base+size is the arena */
+    reserve = MAP_FAILED; /* base..base+size is the arena now */
 
     blen = map_zeroed(blen_bytes);
     slabs = map_zeroed(slabs_bytes);
@@ -258,7 +254,7 @@ int clamor_arena_create(uint64_t size, uint64_t large_align, char *err, size_t e
 
 fail:
     if (reserve != MAP_FAILED)
-        munmap(reserve, size + align);
+        munmap(reserve, size);
     if (blen)
         munmap(blen, blen_bytes);
     if (slabs)

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +28,22 @@ static inline pthread_mutex_t *cl_stripe(cl_stripes *s, uint64_t page) {
 }
 
 static inline int cl_is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
+
+/* What one page-table entry of the level above the pages covers (x86-64, arm64 with
+ * 4 KiB pages): mremap moves page tables a table at a time only where both ends are
+ * aligned to it, else entry by entry. */
+#define CL_PMD_BYTES (2ull << 20)
+
+/* len bytes of reserved (PROT_NONE) address space starting on an `align` boundary (a
+ * power of two); MAP_FAILED if there is none. Map over it with MAP_FIXED. */
+static inline uint8_t *cl_reserve_aligned(uint64_t len, uint64_t align) {
+    uint8_t *r = mmap(NULL, len + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return MAP_FAILED;
+    uint8_t *a = (uint8_t *)(((uintptr_t)r + align - 1) & ~(uintptr_t)(align - 1));
+    if (a > r) munmap(r, (size_t)(a - r));
+    munmap(a + len, (size_t)(r + align - a));
+    return a;
+}
 
 #define CL_ERR(...) (snprintf(err, errlen, __VA_ARGS__), -1)
 

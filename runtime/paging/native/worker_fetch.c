@@ -60,10 +60,14 @@ static int recv_page(int fd, const cl_msg *m, uint64_t p) {
     return 0;
 }
 
+/* Whether a page state word (version << 1 | dirty) says the driver's memory shows the
+ * version epoch E reads: sealed at or before E, not written since. */
+static int shm_serves(uint64_t state, uint32_t E) { return !(state & 1) && (state >> 1) && (state >> 1) <= E; }
+
 static int fetch_shm(uint64_t p, uint32_t E, uint32_t *v) {
     if (conn_shm_fd() < 0) return -1;
     uint64_t s1 = conn_shm_state(p);
-    if ((s1 & 1) || (s1 >> 1) == 0 || (s1 >> 1) > E) return -1;
+    if (!shm_serves(s1, E)) return -1;
     if (cache_copy_from(conn_shm_fd(), p)) return -1;
     atomic_thread_fence(memory_order_acquire);
     if (conn_shm_state(p) != s1) return -1;
@@ -459,10 +463,8 @@ static int rows_request(const uint64_t *offsets, uint64_t k, uint64_t row_bytes,
 /* Whether pages [first, last] all show a version epoch E reads in the driver's memory:
  * sealed at or before E and not written since (their state words). */
 static int shm_current(uint64_t first, uint64_t last, uint32_t E) {
-    for (uint64_t p = first; p <= last; p++) {
-        uint64_t s = conn_shm_state(p);
-        if ((s & 1) || (s >> 1) == 0 || (s >> 1) > E) return 0;
-    }
+    for (uint64_t p = first; p <= last; p++)
+        if (!shm_serves(conn_shm_state(p), E)) return 0;
     return 1;
 }
 
