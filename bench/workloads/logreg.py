@@ -23,8 +23,8 @@ Programs (``--only`` takes these names, or a peer's name for its default program
   stage per iteration (``cluster.range(lo, hi, partitions=P).map_partitions``); a task
   prefetches its rows (``clamor.prefetch``), reads the weights they touch with
   ``clamor.gather(w, ids)``, ``ids = np.unique(idx[rows])`` (the docs' way for scattered
-  rows: on the driver's host it maps their pages in place, on another host it asks the
-  driver for the rows' bytes alone, not their 4 KiB pages), computes the gradient as the
+  rows: it copies the rows' bytes, not their 4 KiB pages, from the driver's memory on its
+  host and from the driver elsewhere), computes the gradient as the
   peers' tasks do, and adds it per id into an accumulator (merged at the barrier); the
   driver updates ``w`` in place with ``clamor.write(w, ids, w[ids] - step * g[ids])``, the
   docs' way for a sparse update (``w[ids] -= ...`` takes a write-protect fault per page

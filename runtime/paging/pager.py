@@ -19,6 +19,11 @@ from clamor.runtime.credentials import TLSMaterial
 from clamor.runtime.errors import ClamorError
 from clamor.runtime.paging import arena, read_sets
 from clamor.runtime.paging.native import _native
+from clamor.runtime.paging.page_client import (
+    ERR_BAD_REQUEST,
+    ERR_NO_VERSION,
+    ERR_PAGE_RANGE,
+)
 from clamor.runtime.paging.paging_api import PagingConfig, PagingInfo, PagingKind
 
 ffi, lib = _native.ffi, _native.lib
@@ -468,9 +473,9 @@ class WorkerPager:
             raise PagingError(f"range {offset}+{length} is outside the arena")
 
 
-#: Why the driver refused a CL_ROWS request (protocol.h's cl_error codes).
-_ROWS_REFUSED = {1: "a bad request", 2: "a row lies outside its arena",
-                 3: "it no longer keeps the versions of the task's epoch"}  # fmt: skip
+#: Why the driver refused a CL_ROWS request.
+_ROWS_REFUSED = {ERR_BAD_REQUEST: "a bad request", ERR_PAGE_RANGE: "a row lies outside its arena",
+                 ERR_NO_VERSION: "it no longer keeps the versions of the task's epoch"}  # fmt: skip
 
 
 def cache_limit_pages(budget_bytes: int, page_size: int) -> int:
