@@ -156,6 +156,26 @@ def run_program(program: Callable[[TaskContext], Any], ctx: TaskContext) -> Any:
         _current.reset(token)
 
 
+def run_fused(program: Callable[[TaskContext], Any], ctx: TaskContext, count: int,
+              payloads: Sequence[bytes] = ()) -> list[Any]:  # fmt: skip
+    """Run ``program`` for ``count`` consecutive tasks from ``ctx.index`` (a fused attempt),
+    their values in order. The tasks share ``ctx``, its index (and payload) moving along:
+    their outputs and accumulator updates gather in it in task order, as the attempt
+    reports them anyway, and a task that raises leaves ``ctx.index`` at its own. A context
+    and a context-variable switch a task cost tiny tasks a fifth of their time."""
+    token = _current.set(ctx)
+    values = []
+    try:
+        for offset, index in enumerate(range(ctx.index, ctx.index + count)):
+            ctx.index = index
+            if payloads:
+                ctx.payload = payloads[offset]
+            values.append(program(ctx))
+    finally:
+        _current.reset(token)
+    return values
+
+
 class StageRunner(Protocol):
     """What the dataset layer needs from a cluster (``Cluster``; ``InlineRunner`` in tests).
 

@@ -41,7 +41,7 @@ from clamor.runtime.net.shipping import encode_exception
 from clamor.runtime.net.task_stream import MAX_BATCH_BYTES, PING_INTERVAL
 from clamor.runtime.net.transport import connect
 from clamor.runtime.paging.paging_api import WorkerPaging
-from clamor.runtime.stage import DRIVER, PartitionKey, TaskContext, run_program
+from clamor.runtime.stage import DRIVER, PartitionKey, TaskContext, run_fused, run_program
 from clamor.runtime.storage.bulk import BulkClient, fetch_partition
 from clamor.runtime.storage.partitions import PartitionStore
 from clamor.runtime.worker.interrupts import Interrupter
@@ -61,22 +61,6 @@ PEER_PATIENCE = 12.0
 #: the last message (the driver refills its window of 32 per worker as they come back).
 REPORT_BATCH = 16
 REPORT_DELAY = 0.002
-
-
-def _outputs(contexts: list[TaskContext]) -> dict[PartitionKey, int]:
-    """The partitions the tasks of one attempt (one, or a fused attempt's) kept here."""
-    return contexts[0].outputs if len(contexts) == 1 else {k: n for c in contexts for k, n in c.outputs.items()}
-
-
-def _accumulator_updates(contexts: list[TaskContext]) -> dict[int, list]:
-    """The accumulator updates of the tasks of one attempt, in task order."""
-    if len(contexts) == 1:
-        return contexts[0].accumulator_updates
-    out: dict[int, list] = {}
-    for ctx in contexts:
-        for accumulator_id, updates in ctx.accumulator_updates.items():
-            out.setdefault(accumulator_id, []).extend(updates)
-    return out
 
 
 @dataclasses.dataclass
@@ -349,7 +333,6 @@ class WorkerExecutor:
 
         payloads = list(a.payloads)
         ctx = TaskContext(a.index, tuple(locations), fetch, self._store.put, payloads[0] if payloads else b"")
-        contexts = [ctx]  # a fused attempt's: those of the tasks that ran (or raised), in order
         read_set, resident = b"", False
         try:
             self.paging.begin_task(item.epoch)
@@ -358,12 +341,7 @@ class WorkerExecutor:
                     if isinstance(program, _Encoded):  # errors (a module missing here) fail the attempt
                         program = self._decode(item.stage, program)
                     if a.count > 1:  # one read set for all; a task that raises ends it, by its index
-                        contexts, values = [], []
-                        for index in range(a.index, a.index + a.count):
-                            ctx = TaskContext(index, (), fetch, self._store.put,
-                                              payloads[index - a.index] if payloads else b"")  # fmt: skip
-                            contexts.append(ctx)
-                            values.append(run_program(program, ctx))
+                        values = run_fused(program, ctx, a.count, payloads)
                         value = values if any(v is not None for v in values) else None
                     else:
                         value = run_program(program, ctx)
@@ -374,12 +352,12 @@ class WorkerExecutor:
                 ctx.put(decode_key(a.output), value)
             if a.reply and value is not None:  # no value: None (the common empty reply)
                 self._encode_value(report, a.attempt_id, value)
-            if updates := _accumulator_updates(contexts):
+            if updates := ctx.accumulator_updates:
                 report.accumulators = shipping.dumps(updates)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the driver
             report = _error_report(a.attempt_id, exc, ctx.index)
         report.outputs.extend(
-            pb.PartitionInfo(key=encode_key(k), nbytes=n) for k, n in _outputs(contexts).items()
+            pb.PartitionInfo(key=encode_key(k), nbytes=n) for k, n in ctx.outputs.items()
         )
         if read_set:
             report.read_runs, report.resident = read_set, resident

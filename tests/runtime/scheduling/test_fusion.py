@@ -137,6 +137,21 @@ def test_each_task_of_a_chunk_adds_to_an_accumulator_once(cluster):
     assert np.array_equal(acc.value, np.full(10, 800.0))
 
 
+def keeps_its_index(ctx):
+    ctx.put(("kept", ctx.index), ctx.index * 10)
+
+
+def test_each_task_of_a_chunk_keeps_its_partitions_and_sees_itself_as_the_current_task(cluster):
+    from clamor.runtime.stage import current_task
+
+    cluster.execute(stage(keeps_its_index, 4000))  # measured
+    before = attempts_sent(cluster)
+    cluster.execute(stage(keeps_its_index, 4000))  # fused
+    assert attempts_sent(cluster) - before == 63
+    assert [cluster.fetch(("kept", i)) for i in (0, 63, 64, 3999)] == [0, 630, 640, 39990]
+    assert cluster.execute(stage(lambda ctx: current_task().index == ctx.index, 4000)) == [True] * 4000
+
+
 def test_the_chunks_of_a_killed_worker_run_again_elsewhere(tmp_path):
     slow = str(tmp_path / "slow")
 
