@@ -24,10 +24,9 @@ import logging
 import os
 import resource
 import shutil
-import signal
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self
 
 from clamor.runtime import deadlines, joblib_backend
@@ -58,6 +57,7 @@ from clamor.runtime.paging.paging_api import DriverPaging
 from clamor.runtime.paging.read_sets import ReadSet
 from clamor.runtime.paging.versions import VersionKeeper
 from clamor.runtime.resources import Resources
+from clamor.runtime.scheduling.events import interrupts_held
 from clamor.runtime.scheduling.executor import Executor
 from clamor.runtime.scheduling.streaming import TaskStream
 from clamor.runtime.scheduling.throttle import Throttle
@@ -113,23 +113,6 @@ def _close_open_clusters() -> None:
 
 
 threading._register_atexit(_close_open_clusters)
-
-
-@contextlib.contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """Hold SIGINT (Ctrl-C, a notebook's interrupt) while the block runs; raise the
-    ``KeyboardInterrupt`` after it if one came. Only the main thread gets SIGINT."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    came: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
-    if came:
-        raise KeyboardInterrupt
 
 
 class Cluster(DatasetSources):
@@ -603,7 +586,7 @@ class Cluster(DatasetSources):
         close would leave the pager and workers behind, and no cluster could start again."""
         if self.registry.closed:
             return
-        with _interrupts_held():
+        with interrupts_held():
             self.checkpoints.wait()
             live = self.registry.close()
             if live is None:

@@ -2,11 +2,12 @@
 
 The scheduler's state machine is not thread-safe: its events (a stage submitted, tasks
 finished, a worker lost, ...) are queued and run in order, one thread at a time, under
-one lock. The loop thread runs what is posted with :meth:`EventLoop.post`, so that the
-poster (e.g. the notebook's main thread, which a ``KeyboardInterrupt`` may hit) never
-runs an event itself. A task stream's reader thread runs the results it posts on its
-own thread (:meth:`EventLoop.post_here`) unless another thread is running events: that
-saves waking the loop thread (a thread switch) for every result message. The one thread reading every plain task stream (runtime/net/stream_server.py)
+one lock. The loop thread runs what is posted with :meth:`EventLoop.post`. A thread may
+instead run what it posts itself (:meth:`EventLoop.post_here`) unless another thread is
+running events: that saves waking the loop thread (a thread switch) for every result
+message a task stream's reader gets, and for every stage the caller starts. The main
+thread holds Ctrl-C meanwhile (:func:`interrupts_held`), so that a
+``KeyboardInterrupt`` never stops an event half done. The one thread reading every plain task stream (runtime/net/stream_server.py)
 gathers what it read in one wake-up and runs it itself (:meth:`EventLoop.gathering`),
 waiting for a thread running events: handing its results over had that thread and the
 reader take turns with the GIL. Events queued together run as one batch (up to 1,024),
@@ -17,12 +18,30 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 #: An event: called with the scheduler state, it returns the instructions to carry out.
 Event = Callable[[Any], list]
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold SIGINT (Ctrl-C, a notebook's interrupt) while the block runs; raise the
+    ``KeyboardInterrupt`` after it if one came. Only the main thread gets SIGINT."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if came:
+        raise KeyboardInterrupt
 
 
 class EventLoop:
@@ -49,13 +68,15 @@ class EventLoop:
     def post_here(self, events: list[Event]) -> None:
         """Queue ``events`` and run what is queued on this thread, unless another thread
         is running events (it runs these too, or the loop thread does); in
-        :meth:`gathering`, on its way out."""
+        :meth:`gathering`, on its way out. A ``KeyboardInterrupt`` that came meanwhile
+        is raised once they ran."""
         self._queue.extend(events)
         if getattr(self._here, "gathering", False):
             return
         if self._lock.acquire(blocking=False):
             try:
-                self._drain()
+                with interrupts_held():
+                    self._drain()
             finally:
                 self._lock.release()
             if not self._queue:

@@ -417,9 +417,9 @@ class Executor:
                 # the same program over the same tasks (a rerun after a failure): the tasks'
                 # losses carry over, so that one which kills its workers is found out
                 identity = (hash((program, *run.payloads)), len(tasks), size)
-                self._post(lambda s: self._submit(s, stage_id, tasks, run.future, identity, stream))
+                submit = lambda s: self._submit(s, stage_id, tasks, run.future, identity, stream)
                 try:
-                    results = self._with_versions(self._wait(stage_id, run), run.epoch)
+                    results = self._with_versions(self._wait(stage_id, run, submit), run.epoch)
                 except BaseException:
                     self._settle_stops()  # the next stage finds its workers free
                     raise
@@ -467,12 +467,15 @@ class Executor:
                 out += state.task_cancelled(stage_id, index, error, now=time.monotonic())
         return out
 
-    def _wait(self, stage_id: int, run: _StageRun) -> list[TaskResult]:
-        """The stage's results once it is done; until this thread's deadline
-        (runtime/deadlines.py), then :class:`ActionTimeoutError`. Ctrl-C or the
-        deadline cancel the stage (its running attempts are stopped, see :meth:`_settle_stops`)."""
+    def _wait(self, stage_id: int, run: _StageRun, submit: Event) -> list[TaskResult]:
+        """Submit the stage (here, unless another thread runs events: waking the loop
+        thread cost a small stage a tenth of its time) and return its results once it is
+        done; until this thread's deadline (runtime/deadlines.py), then
+        :class:`ActionTimeoutError`. Ctrl-C or the deadline cancel the stage (its running
+        attempts are stopped, see :meth:`_settle_stops`)."""
         limit = deadlines.current()
         try:
+            self._events.post_here([submit])
             while True:
                 wait = POLL_INTERVAL if limit is None else min(POLL_INTERVAL, limit[0] - time.monotonic())
                 try:

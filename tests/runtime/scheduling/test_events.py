@@ -1,13 +1,16 @@
 """The scheduler's event loop (runtime/scheduling/events.py): events run in the order
 posted, one thread at a time; a poster that runs them itself does so only when no other
 thread is running events, or waits for it while gathering; nothing posted is left
-behind; ``stop`` ends the loop thread."""
+behind; ``stop`` ends the loop thread; Ctrl-C never stops an event half done."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
+import pytest
 from clamor.runtime.scheduling.events import EventLoop
 
 
@@ -124,5 +127,25 @@ def test_what_is_gathered_runs_as_one_batch_after_the_events_running_meanwhile()
         assert batches[-1] == (here, ["d"])
     finally:
         release.set()
+        loop.stop()
+        loop.thread.join(10)
+
+
+def test_ctrl_c_while_the_main_thread_runs_events_is_raised_after_they_ran():
+    ran: list[str] = []
+    loop = EventLoop(lambda batch: [e(None) for e in batch])
+
+    def interrupted(state):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the signal arrives while the event runs
+        ran.append("first")
+        return []
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.post_here([interrupted, lambda s: ran.append("second") or []])
+        assert ran == ["first", "second"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
         loop.stop()
         loop.thread.join(10)
