@@ -84,7 +84,7 @@ def add_stats(result: dict[str, Any]) -> None:
                 if ok(rows, limit) and rows[limit][f"{key}_{u}"] > 0:
                     r[f"{key}_x_{tag}"] = v / rows[limit][f"{key}_{u}"]
     result["comparisons"] = comparisons(rows)
-    result["goals"] = goals(result["comparisons"])
+    result["goals"] = goals(result["comparisons"], rows, result["parameters"].get("workers", 2))
 
 
 def comparisons(rows: dict) -> list[dict[str, Any]]:
@@ -105,10 +105,27 @@ def comparisons(rows: dict) -> list[dict[str, Any]]:
     return out
 
 
-def goals(comps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per pairing and measure: the fastest peer row ÷ the Clamor row, at least 1 (Clamor's
-    overhead no higher than any peer's, like for like)."""
+#: Issue 32's goals: fused Clamor this many times below batched Ray per task, and a stage
+#: of 2 tasks (on 2 workers) under this many milliseconds.
+RAY_BATCHED_PER_TASK, TWO_TASK_STAGE_MS = 5.0, 1.0
+
+
+def goals(comps: list[dict[str, Any]], rows: dict, workers: int) -> list[dict[str, Any]]:
+    """Issue 32's: batched Ray ÷ fused Clamor per task at least 5, and (on 2 workers) a
+    2-task stage under 1 ms, as 1 ms ÷ its median; then, per pairing and measure, the
+    fastest peer row ÷ the Clamor row at least 1 (Clamor's overhead no higher than any
+    peer's, like for like)."""
     out = []
+    ray = next((c for c in comps if c["kind"] == "fused vs batched" and c["peer"] == "ray"
+                and c["measure"] == "per_task"), None)  # fmt: skip
+    if ray is not None:
+        out.append(goal(f"per task, fused vs batched: `{ray['row']}` ÷ `{FUSED}` ≥ {RAY_BATCHED_PER_TASK:g}",
+                        ray["ratio"], RAY_BATCHED_PER_TASK,
+                        f"{ray['peer_value']:.2f} µs against {ray['clamor_value']:.2f} µs"))  # fmt: skip
+    if workers == 2 and ok(rows, FUSED):
+        stage_ms = rows[FUSED]["per_stage_ms"]
+        out.append(goal(f"a stage of 2 tasks under {TWO_TASK_STAGE_MS:g} ms: {TWO_TASK_STAGE_MS:g} ms ÷ `{FUSED}` "
+                        "per stage ≥ 1", TWO_TASK_STAGE_MS / stage_ms, 1.0, f"median {stage_ms:.3f} ms"))  # fmt: skip
     for kind, clamor in (("fused vs batched", FUSED), ("unfused vs unbatched", UNFUSED)):
         for key, _, shown, digits, what in MEASURES:
             cs = [c for c in comps if c["kind"] == kind and c["measure"] == key]

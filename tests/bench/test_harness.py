@@ -78,3 +78,29 @@ def test_run_lists_the_workload_scripts_not_the_parts_they_import():
              if 'if __name__ == "__main__":' not in p.read_text()}  # fmt: skip
     assert {"dense_peers", "kdtree_report", "logreg_data"} <= parts
     assert not parts & set(run.ALL_WORKLOADS)
+
+
+def _overhead_result(workers: int, clamor_us: float, ray_us: float, stage_ms: float) -> dict:
+    def row(per_task_us: float, per_stage_ms: float) -> dict:
+        return {"status": "ok", "per_task_runs_us": [per_task_us] * 6, "per_stage_runs_ms": [per_stage_ms] * 6}
+
+    return {"parameters": {"workers": workers},
+            "rows": {"clamor": row(clamor_us, stage_ms), "ray (batched)": row(ray_us, 3.0),
+                     "clamor (no fusion)": row(50.0, stage_ms), "ray": row(800.0, 3.0)}}  # fmt: skip
+
+
+def test_the_empty_task_goals_are_issue_32s_against_batched_ray_and_the_2_task_stage():
+    from report import overhead
+
+    result = _overhead_result(2, clamor_us=3.0, ray_us=18.0, stage_ms=1.2)
+    overhead.add_stats(result)
+    first, second = result["goals"][:2]
+    assert (first["target"], first["value"], first["met"]) == (5.0, 6.0, True)
+    assert "ray (batched)" in first["goal"]
+    assert (second["value"], second["met"]) == (pytest.approx(1 / 1.2), False)
+    assert "2 tasks under 1 ms" in second["goal"]
+
+    result = _overhead_result(16, clamor_us=4.0, ray_us=18.0, stage_ms=0.5)  # 16 tasks a stage
+    overhead.add_stats(result)
+    assert result["goals"][0]["met"] is False
+    assert not any("under 1 ms" in g["goal"] for g in result["goals"])
