@@ -87,6 +87,7 @@ typedef struct {
     uint64_t async_write_tracking; /* 1: writes no stage needs the old bytes of go untrapped (Linux 6.7+) */
     uint64_t async_switches;    /* arena chunks moved to async write tracking */
     uint64_t parks;             /* async chunks parked at a stage start (write_tracking.h) */
+    uint64_t park_runs;         /* parkings: a run of adjacent async chunks goes in one */
     uint64_t unparks;           /* parked chunks touched and moved back whole */
     uint64_t parked_faults;     /* pages of parked chunks mapped one by one (old versions needed) */
     uint64_t uncopied_writes;   /* trapped first writes that needed no copy (no async tracking) */

@@ -269,13 +269,18 @@ static int move_back(uint8_t *slot, uint8_t *a, uint64_t len) {
     return 0;
 }
 
-int cl_wtrack_park(cl_wtrack *t, uint64_t c, cl_wt_mark mark) {
-    uint64_t first, len, hwlen;
+int cl_wtrack_park(cl_wtrack *t, uint64_t c, uint64_t n, cl_wt_mark mark) {
+    if (t->parking == MAP_FAILED || !n || c + n > t->nchunks) return -1;
+    for (uint64_t i = c; i < c + n; i++)
+        if (t->state[i] != WT_ASYNC) return -1;
+    uint64_t first, len, last_first, last_len, hwlen;
     uint8_t *a = chunk_range(t, c, 0, &first, &len, &hwlen);
-    if (t->parking == MAP_FAILED || t->state[c] != WT_ASYNC) return -1;
+    chunk_range(t, c + n - 1, 0, &last_first, &last_len, &hwlen);
+    len = (last_first - first) * t->ps + last_len;
     uint8_t *slot = t->parking + first * t->ps;
     if (mremap(a, len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, slot) == MAP_FAILED) {
-        cl_log("async write tracking: cannot park a chunk (%s); back to traps", strerror(errno));
+        /* a run over several mappings: EFAULT, nothing moved; the caller parks chunks */
+        if (n == 1 || errno != EFAULT) cl_log("async write tracking: cannot park a chunk (%s); back to traps", strerror(errno));
         return -1;
     }
     /* The tables came along with their async registration (UFFD_FEATURE_EVENT_REMAP):
@@ -304,7 +309,7 @@ int cl_wtrack_park(cl_wtrack *t, uint64_t c, cl_wt_mark mark) {
         cl_log("async write tracking: cannot protect a parked chunk: %s", strerror(errno));
         abort(); /* versions would silently go wrong */
     }
-    t->state[c] = WT_PARKED;
+    memset(t->state + c, WT_PARKED, n);
     return 0;
 }
 

@@ -63,9 +63,11 @@ int cl_wtrack_to_async(cl_wtrack *t, uint64_t chunk, uint64_t hw, cl_wt_mark mar
  * marks the pages written while it was async (and during the switch). */
 void cl_wtrack_to_sync(cl_wtrack *t, uint64_t chunk, uint64_t hw, cl_wt_mark mark);
 
-/* Parks an async `chunk`, marking the pages written while it was async; -1 if it could
- * not be (it is then async as before: move it to sync instead). */
-int cl_wtrack_park(cl_wtrack *t, uint64_t chunk, cl_wt_mark mark);
+/* Parks the `n` async chunks from `chunk` on (adjacent: one mremap, one scan, one
+ * registration for all), marking the pages written while they were async; -1 if they
+ * could not be (they are then async as before: park them one by one, or move them to
+ * sync). A run spanning several mappings cannot be moved in one mremap. */
+int cl_wtrack_park(cl_wtrack *t, uint64_t chunk, uint64_t n, cl_wt_mark mark);
 
 /* Moves a parked `chunk`'s page tables back: async again, waiters on it woken. -1 if
  * the mremap failed (it stays parked). */

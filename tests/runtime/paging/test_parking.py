@@ -102,6 +102,35 @@ def test_chunks_start_on_a_page_table_boundary():
     assert arena.get_arena().base % (2 << 20) == 0
 
 
+def chunks(n: int) -> np.ndarray:
+    """A float64 array of exactly ``n`` adjacent write-tracking chunks of the arena."""
+    x = clamor.empty((n + 1) * CHUNK // 8, np.float64)
+    k = (-arena.arena_offset(x)) % CHUNK // 8
+    return x[k : k + n * CHUNK // 8]
+
+
+def test_adjacent_chunks_written_between_stages_are_parked_in_one_go_and_unparked_one_by_one(cluster):
+    x = chunks(4)
+    x[:] = 1.0
+    per_chunk = CHUNK // 8
+    cluster.run(lambda a: 0, x)
+    x[::per_chunk] = 2.0  # one write in each: all four go over to async tracking
+    before = driver(cluster)
+    assert cluster.run(lambda a, n: a[::n].tolist(), x, per_chunk) == [2.0] * 4  # its start parks them
+    after = driver(cluster)
+    assert (after["parks"] - before["parks"], after["park_runs"] - before["park_runs"]) == (4, 1)
+    assert not any(present([x[i * per_chunk :].ctypes.data for i in range(4)]))
+
+    x[2 * per_chunk + 9] = 3.0  # unparks the third chunk alone
+    assert present([x[i * per_chunk :].ctypes.data for i in range(4)]) == [False, False, True, False]
+    x[per_chunk + 9] = 3.0  # and the second: two mremaps back, perhaps two mappings now
+    assert cluster.run(lambda a, n: a[n + 9] + a[2 * n + 9], x, per_chunk) == 6.0
+    again = driver(cluster)
+    assert again["parks"] - after["parks"] == 2  # in one go or, over two mappings, one by one
+    assert cluster.run(lambda a: float(a.sum()), x) == float(x.sum()) == len(x) + 4 + 4
+    assert driver(cluster)["cow_copies"] == before["cow_copies"]
+
+
 def test_a_write_to_a_parked_chunk_during_a_stage_is_not_seen_by_it(cluster):
     x = one_chunk()
     x[5] = 1.0
