@@ -25,10 +25,13 @@ Programs (``--only`` takes these names, or a peer's name for its default program
   ``clamor.gather(w, ids)``, ``ids = np.unique(idx[rows])`` (the docs' way for scattered
   rows: it copies the rows' bytes, not their 4 KiB pages, from the driver's memory on its
   host and from the driver elsewhere), computes the gradient as the
-  peers' tasks do, and adds it per id into an accumulator (merged at the barrier); the
-  driver updates ``w`` in place with ``clamor.write(w, ids, w[ids] - step * g[ids])``, the
-  docs' way for a sparse update (``w[ids] -= ...`` takes a write-protect fault per page
-  written: see docs/paging.md).
+  peers' tasks do and returns it per id (``collect``), as theirs do; the driver merges the
+  pieces as the peers' drivers do and updates ``w`` in place with
+  ``clamor.write(w, ids, w[ids] - step * g)``, the docs' way for a sparse update
+  (``w[ids] -= ...`` takes a write-protect fault per page written: see docs/paging.md).
+  ``--accumulator``: the tasks add their gradient into a dense accumulator instead
+  (Clamor's shared sum, merged at the barrier), and the update finds the touched ids
+  with ``np.unique`` over the batch's raw ids.
 * **ray-ship** "ray (ship w[ids])": the driver computes each task's ``ids`` and passes
   ``ids`` and ``w[ids]`` by value (16 bytes an id; Ray inlines small arguments, and the
   examples are one ``ray.put`` before the clock starts, as Ray's anti-pattern page on
@@ -51,8 +54,8 @@ Programs (``--only`` takes these names, or a peer's name for its default program
   ``scatter(broadcast=True)``, ``dview.push``), the task reading what it needs from it.
 
 Every program's ``w`` (and the actor's) is zeroed page by page before the clock starts, as
-Clamor's ``w[:] = 0`` is; the peers and the limit merge the tasks' per-id gradients
-sparsely (``np.unique`` + ``np.bincount``), Clamor's accumulator is dense.
+Clamor's ``w[:] = 0`` is; every program merges the tasks' per-id gradients sparsely
+(``np.unique`` + ``np.bincount``), but Clamor's with ``--accumulator`` (dense).
 
 Protocol: every program runs in its own child (``harness.run_all``), ``--passes`` times
 over the programs (A B C A B C; default 2, quick 1), each pass a fresh system. A child
@@ -178,15 +181,19 @@ def zeros(n: int) -> np.ndarray:
     return a
 
 
-def apply_sparse(w: np.ndarray, pieces: Sequence[tuple], step: float) -> np.ndarray:
+def apply_sparse(w: np.ndarray, pieces: Sequence[tuple], step: float,
+                 write: Callable | None = None) -> np.ndarray:  # fmt: skip
     """``w[ids] -= step * g`` with the tasks' ``(ids, g, ...)`` summed per id (in task order,
-    as the reference adds them); the ids touched."""
+    as the reference adds them), through ``write(w, ids, values)`` if given; the ids touched."""
     if len(pieces) == 1:  # one task's ids are unique already
         u, g = pieces[0][:2]
     else:
         u, inv = np.unique(np.concatenate([pc[0] for pc in pieces]), return_inverse=True)
         g = np.bincount(inv, weights=np.concatenate([pc[1] for pc in pieces]), minlength=len(u))
-    w[u] -= step * g
+    if write is None:
+        w[u] -= step * g
+    else:
+        write(w, u, w[u] - step * g)
     return u
 
 
@@ -232,14 +239,14 @@ class Driver:
         self._update: float | None = None
 
     def update(self, parts: list[tuple[int, int]], g: np.ndarray | None = None,
-               pieces: Sequence[tuple] = ()) -> None:  # fmt: skip
-        """Update ``w`` on the touched ids only: from ``pieces`` (the tasks' ``(ids, g, ...)``),
-        or from ``g`` (Clamor's dense accumulator, whose touched entries are then zeroed for
-        the next iteration)."""
+               pieces: Sequence[tuple] = (), write: Callable | None = None) -> None:  # fmt: skip
+        """Update ``w`` on the touched ids only: from ``pieces`` (the tasks' ``(ids, g, ...)``;
+        through ``write(w, ids, values)`` if given), or from ``g`` (Clamor's dense
+        accumulator, whose touched entries are then zeroed for the next iteration)."""
         t0 = time.perf_counter()
         step = self.p["lr"] / self.p["batch"]
         if g is None:
-            apply_sparse(self.w, pieces, step)
+            apply_sparse(self.w, pieces, step, write)
         else:
             import clamor  # Clamor's program only: the update without a write fault per page
 
@@ -289,7 +296,8 @@ class Driver:
 
 
 def run_clamor(p: dict, net: Any = None) -> list[dict]:
-    """Examples and w in the arena, one stage per iteration, the accumulator, in-place update."""
+    """Examples and w in the arena, one stage per iteration, the tasks' gradients per id (or
+    the accumulator), in-place update."""
     import clamor
 
     clamor.configure(page_size=p["page_size"])
@@ -301,10 +309,10 @@ def run_clamor(p: dict, net: Any = None) -> list[dict]:
     cluster = clamor.Cluster(workers=WORKERS, **(network.cluster_options(net) if net else {}))
     try:
         sampler.pids = [s["pid"] for s in cluster.worker_stats()]
-        grad = cluster.accumulator(p["dim"])
+        grad = cluster.accumulator(p["dim"]) if p["accumulator"] or not p["prefetch"] else None
         drv = Driver(p, idx, val, y, w=w)
 
-        def step(rows: range) -> np.ndarray:
+        def step(rows: range) -> Any:
             if not p["prefetch"]:  # every page faults in on its first touch
                 grad.add(*grad_rows(idx, val, y, w, rows.start, rows.stop))
                 return np.array([len(rows)])
@@ -312,6 +320,8 @@ def run_clamor(p: dict, net: Any = None) -> list[dict]:
                 clamor.prefetch(a, rows)
             ids = np.unique(idx[rows.start:rows.stop])
             ids, g, _ = task_grad((idx, val, y), ids, clamor.gather(w, ids), rows.start, rows.stop)
+            if grad is None:
+                return [(ids, g, len(rows))]  # the task's gradient per id, as the peers' tasks return it
             grad.add(ids, g)
             return np.array([len(rows)])
 
@@ -324,8 +334,13 @@ def run_clamor(p: dict, net: Any = None) -> list[dict]:
             before = read()
             t0 = time.perf_counter()
             lo, hi = parts[0][0], parts[-1][1]
-            n = int(cluster.range(lo, hi, partitions=len(parts)).map_partitions(step).collect().sum())
-            drv.update(parts, g=grad.value)
+            out = cluster.range(lo, hi, partitions=len(parts)).map_partitions(step).collect()
+            if grad is None:
+                n = sum(piece[2] for piece in out)
+                drv.update(parts, pieces=out, write=clamor.write)
+            else:
+                n = int(out.sum())
+                drv.update(parts, g=grad.value)
             dt = time.perf_counter() - t0
             if n != hi - lo:
                 raise RuntimeError(f"counted {n} rows, not {hi - lo}")
@@ -567,6 +582,9 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=512, help="examples per iteration (512)")
     ap.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the field values (1.2)")
     ap.add_argument("--page-size", type=int, default=4096, help="Clamor page size (4 KiB)")
+    ap.add_argument("--accumulator", action="store_true",
+                    help="Clamor's tasks add their gradient into a dense accumulator (merged at the "
+                         "barrier; the update finds the touched ids with np.unique) instead of returning it per id")
     ap.add_argument("--no-prefetch", action="store_true",
                     help="Clamor's tasks fault their pages in one by one (no clamor.prefetch, no clamor.gather)")
     network.add_network_argument(ap)
@@ -603,7 +621,7 @@ def main() -> None:
          "warmup": warmup, "repeat": repeat, "passes": passes, "examples": iters * batch,
          "partitions": 2 * WORKERS, "lr": 0.5, "zipf": args.zipf, "seed": 8, "eval": min(4096, iters * batch),
          "page_size": args.page_size, "fields": FIELDS, "workers": WORKERS, "quick": args.quick,
-         "prefetch": not args.no_prefetch}  # fmt: skip
+         "prefetch": not args.no_prefetch, "accumulator": args.accumulator}  # fmt: skip
     ref = reference_losses(p)
     argv = ["--params", json.dumps(p)] + ([f"--network={args.network}"] if args.network else [])
     if args.network:

@@ -95,7 +95,7 @@ def goals(result: dict, net: str | None) -> list[dict]:
                 per_task = statistics.median(best["bytes_runs"]) / result["params"]["partitions"]
                 why += (f"; Hypothesis: with {per_task / 1024:.0f} KiB of ids and weights per task, "
                         "shipping them costs the peer less than Clamor's per-stage fixed cost (control "
-                        "plane, a fault or mapping per page, the accumulator's merge)")  # fmt: skip
+                        "plane, a fault or mapping per page, the merge)")  # fmt: skip
         out.append(goal(f"per iteration >= {target:g}x faster than {peer} (its fastest program)",
                         value, target, why))  # fmt: skip
     return out
