@@ -6,12 +6,12 @@ one lock. The loop thread runs what is posted with :meth:`EventLoop.post`. A thr
 instead run what it posts itself (:meth:`EventLoop.post_here`) unless another thread is
 running events: that saves waking the loop thread (a thread switch) for every result
 message a task stream's reader gets, and for every stage the caller starts. The main
-thread holds Ctrl-C meanwhile (:func:`interrupts_held`), so that a
-``KeyboardInterrupt`` never stops an event half done. The one thread reading every plain task stream (runtime/net/stream_server.py)
-gathers what it read in one wake-up and runs it itself (:meth:`EventLoop.gathering`),
-waiting for a thread running events: handing its results over had that thread and the
-reader take turns with the GIL. Events queued together run as one batch (up to 1,024),
-so that their launches to one worker go in one message.
+thread holds Ctrl-C meanwhile (:func:`interrupts_held`), so that a ``KeyboardInterrupt``
+never stops an event half done. The one thread reading every plain task stream
+(runtime/net/stream_server.py) gathers what it read in one wake-up and runs it itself
+(:meth:`EventLoop.gathering`), waiting for a thread running events: handing its results
+over had that thread and the reader take turns with the GIL. Events queued together run
+as one batch (up to 1,024), so that their launches to one worker go in one message.
 """
 
 from __future__ import annotations

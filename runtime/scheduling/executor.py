@@ -469,7 +469,7 @@ class Executor:
 
     def _wait(self, stage_id: int, run: _StageRun, submit: Event) -> list[TaskResult]:
         """Submit the stage (here, unless another thread runs events: waking the loop
-        thread cost a small stage a tenth of its time) and return its results once it is
+        thread cost a 2-task stage about 7 % of its time) and return its results once it is
         done; until this thread's deadline (runtime/deadlines.py), then
         :class:`ActionTimeoutError`. Ctrl-C or the deadline cancel the stage (its running
         attempts are stopped, see :meth:`_settle_stops`)."""
