@@ -586,7 +586,8 @@ def arguments() -> argparse.ArgumentParser:
                     help="Clamor's tasks add their gradient into a dense accumulator (merged at the "
                          "barrier; the update finds the touched ids with np.unique) instead of returning it per id")
     ap.add_argument("--no-prefetch", action="store_true",
-                    help="Clamor's tasks fault their pages in one by one (no clamor.prefetch, no clamor.gather)")
+                    help="Clamor's tasks fault their pages in one by one (no clamor.prefetch, no "
+                         "clamor.gather) and add their gradient into the accumulator")
     network.add_network_argument(ap)
     ap.add_argument("--child", choices=tuple(PROGRAMS), help=argparse.SUPPRESS)
     ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
