@@ -277,8 +277,10 @@ class Executor:
         self._events.post_here(events)
 
     def _decode_result(self, worker: int, report: pb.TaskReport) -> TaskResult:
+        kept: tuple[PartitionKey, ...] = ()
         if report.HasField("value_key"):
-            value: Any = _Kept(worker, decode_key(report.value_key))
+            kept = (decode_key(report.value_key),)
+            value: Any = _Kept(worker, kept[0])
         else:
             value = shipping.loads(report.value) if report.value else None
         return TaskResult(
@@ -291,6 +293,7 @@ class Executor:
             read_set=self._read_sets.get(report.read_runs),
             resident=report.resident,
             duration=report.duration,
+            kept=kept,
         )
 
     # --- instructions ---

@@ -286,8 +286,8 @@ class SchedulerState:
         The winner's ``outputs`` enter the registry and the other attempts of its index
         are cancelled. Results of unknown or cancelled attempts (but for the first result
         of an attempt taken back from a slow worker), or reported by another worker than
-        the attempt's, are ignored (outputs they left on a live worker that the registry
-        has elsewhere are dropped there). A slow worker finishing an attempt within the
+        the attempt's, are ignored (what they left on a live worker is dropped there: their
+        ``kept`` reply, and outputs that the registry has elsewhere). A slow worker finishing an attempt within the
         threshold is not slow any more.
         """
         return self.tasks_finished(worker, [result], now=now)
@@ -313,8 +313,8 @@ class SchedulerState:
         attempt = self._forget(worker, result.attempt) or self._late(worker, result.attempt)
         if attempt is None:
             stale = [k for k in result.outputs if self.holder(k) not in (None, worker)]
-            if stale and worker in self._workers:
-                out.append(Drop(worker, tuple(stale)))
+            if (stale or result.kept) and worker in self._workers:
+                out.append(Drop(worker, (*stale, *result.kept)))
             return False
         stage = self._stages[attempt.stage]
         state = self._workers[worker]

@@ -62,7 +62,8 @@ class Cancel:
 
 @dataclasses.dataclass(frozen=True)
 class TaskResult:
-    """What a finished attempt reports (``outputs``: partitions left on ``worker``: nbytes)."""
+    """What a finished attempt reports (``outputs``: partitions left on ``worker``: nbytes;
+    ``kept``: what ``worker`` keeps only for the driver to read, e.g. a large reply)."""
 
     index: int
     worker: int
@@ -73,6 +74,7 @@ class TaskResult:
     read_set: Sequence[tuple[int, int]] = ()  # a ReadSet (runtime/paging/read_sets.py)
     resident: bool = False  # read_set: the worker's resident pages, versions not read yet
     duration: float = 0.0
+    kept: tuple[PartitionKey, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

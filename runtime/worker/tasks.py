@@ -43,7 +43,7 @@ from clamor.runtime.net.transport import connect
 from clamor.runtime.paging.paging_api import WorkerPaging
 from clamor.runtime.stage import DRIVER, PartitionKey, TaskContext, run_fused, run_program
 from clamor.runtime.storage.bulk import BulkClient, fetch_partition
-from clamor.runtime.storage.partitions import PartitionStore
+from clamor.runtime.storage.partitions import PartitionStore, approx_nbytes, detach
 from clamor.runtime.worker.interrupts import Interrupter
 
 logger = logging.getLogger("clamor.worker")
@@ -78,6 +78,23 @@ class _Queued:
     stage: int
     epoch: int
     assignment: pb.Assignment
+
+
+class _Kept:
+    """What an attempt keeps on this worker (its outputs, a large reply), held back
+    until it ends: only an attempt the driver still wants puts them in the store. A
+    cancelled one may run past its stage's barrier, on pages the driver has rewritten
+    since; its partitions, which the driver never registers, would stay behind."""
+
+    def __init__(self) -> None:
+        self.values: list[tuple[PartitionKey, Any, bool]] = []
+
+    def put(self, key: PartitionKey, value: Any, spillable: bool = True) -> int:
+        """Hold ``value`` as ``key`` (a copy if it views the arena: a snapshot now);
+        its size in bytes."""
+        value = detach(value)
+        self.values.append((key, value, spillable))
+        return approx_nbytes(value)
 
 
 @dataclasses.dataclass
@@ -302,28 +319,35 @@ class WorkerExecutor:
                 ClamorError(f"stage {item.stage}'s program never reached worker {self.worker_id}"),
                 item.assignment.index,
             )
+            kept = _Kept()
         else:
-            report = self._run(program, item)
+            report, kept = self._run(program, item)
+        with self._cond:  # a Cancel after this: the driver ignores the report and drops its outputs
+            cancelled = item.assignment.attempt_id in self._cancelled
+            self._cancelled.discard(item.assignment.attempt_id)
+        if not cancelled:
+            for key, value, spillable in kept.values:
+                self._store.put(key, value, spillable)
         with self._cond:
             self._running, self._busy = None, False
             self.tasks_run += 1
             self._moved += self._store.drain_moves()  # with (or after) this attempt's report
             self._wake_runner()
-            if item.assignment.attempt_id in self._cancelled:
-                self._cancelled.discard(item.assignment.attempt_id)
-            else:
+            if not cancelled:
                 self._finished.append(report)
                 self._finished_bytes += report.ByteSize()
             batches = self._batches()
         self._report(batches)
 
-    def _run(self, program: Any, item: _Queued) -> pb.TaskReport:
+    def _run(self, program: Any, item: _Queued) -> tuple[pb.TaskReport, _Kept]:
+        """Run an attempt: its report, and what it keeps here if it is still wanted."""
         a = item.assignment
         start = time.perf_counter()
+        kept = _Kept()
         try:  # an input key that does not decode fails the attempt, not this thread
             locations = {decode_key(i.key): (i.holder, i.address, i.bulk_address) for i in a.inputs}
         except Exception as exc:  # noqa: BLE001
-            return _error_report(a.attempt_id, exc, a.index)
+            return _error_report(a.attempt_id, exc, a.index), kept
         fetched: dict[PartitionKey, Any] = {}
 
         def fetch(key: PartitionKey) -> Any:
@@ -332,7 +356,7 @@ class WorkerExecutor:
             return fetched[key]
 
         payloads = list(a.payloads)
-        ctx = TaskContext(a.index, tuple(locations), fetch, self._store.put, payloads[0] if payloads else b"")
+        ctx = TaskContext(a.index, tuple(locations), fetch, kept.put, payloads[0] if payloads else b"")
         read_set, resident = b"", False
         try:
             self.paging.begin_task(item.epoch)
@@ -351,7 +375,7 @@ class WorkerExecutor:
             if a.HasField("output"):
                 ctx.put(decode_key(a.output), value)
             if a.reply and value is not None:  # no value: None (the common empty reply)
-                self._encode_value(report, a.attempt_id, value)
+                self._encode_value(report, a.attempt_id, value, kept)
             if updates := ctx.accumulator_updates:
                 report.accumulators = shipping.dumps(updates)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the driver
@@ -362,19 +386,23 @@ class WorkerExecutor:
         if read_set:
             report.read_runs, report.resident = read_set, resident
         report.duration = time.perf_counter() - start
-        return report
+        return report, kept
 
-    def _encode_value(self, report: pb.TaskReport, attempt_id: int, value: Any) -> None:
+    @staticmethod
+    def _encode_value(report: pb.TaskReport, attempt_id: int, value: Any, kept: _Kept) -> None:
         data = shipping.dumps(value)
         if len(data) <= INLINE_REPLY_BYTES:
             report.value = data
         else:  # kept here; the driver streams it with GetPartition, then drops it
             key = ("reply", attempt_id)
-            self._store.put(key, value, spillable=False)  # on its way out
+            kept.put(key, value, spillable=False)  # on its way out
             report.value_key.CopyFrom(encode_key(key))
 
     def _fetch(self, key: PartitionKey, holder: int, address: str, bulk_address: str) -> Any:
-        if holder == self.worker_id or key in self._store:  # e.g. a peer spilled it here
+        """An input from where the driver says it is. Not from this worker's store unless
+        it holds the key: a copy here may be a late attempt's, which the driver drops when
+        it hears of it (a partition a peer spilled here, its holder says where it went)."""
+        if holder == self.worker_id:
             self.inputs_read["partitions_read_here"] += 1
             return self._store.get(key)
         self.inputs_read["partitions_fetched_from_" + ("driver" if holder == DRIVER else "peers")] += 1

@@ -81,6 +81,15 @@ def test_the_first_result_wins_and_the_other_attempt_is_cancelled():
     assert finish(state, original, worker=0, now=4.0, outputs={"out": 8}) == [Drop(0, ("out",))]
 
 
+def test_the_losers_large_reply_is_dropped_where_it_waits():
+    state = cluster(0, 1, 2)
+    original, _ = straggling(state)
+    (copy,) = launched(state.tick(3.0))[1]
+    finish(state, copy, now=3.5, duration=0.5)
+    reply = ("reply", original.id)  # kept on worker 0 for the driver, which will not read it
+    assert finish(state, original, worker=0, now=4.0, kept=(reply,)) == [Drop(0, (reply,))]
+
+
 def test_the_original_winning_cancels_the_copy():
     state = cluster(0, 1, 2)
     original, _ = straggling(state)
