@@ -76,7 +76,11 @@ def test_a_peer_that_dies_mid_transfer_falls_back_to_the_driver(cluster):
     result: list[float] = []
     reader = threading.Thread(target=lambda: result.append(cluster.run(read_pages, x, ps // 8, 1, worker=survivor)))
     reader.start()
-    time.sleep(1.0)  # the survivor is now inside a redirected exchange with the frozen victim
+    deadline = time.monotonic() + 60
+    while (cluster.page_stats(x)["holders"] < 2).all():  # the driver's own counts: no worker called
+        assert time.monotonic() < deadline, "the survivor never asked for a page"
+        time.sleep(0.05)
+    time.sleep(0.2)  # it was sent to the frozen victim, and waits there
     os.kill(pid, signal.SIGKILL)
     reader.join(timeout=60)
     assert result == [expected]
