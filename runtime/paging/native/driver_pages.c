@@ -334,8 +334,17 @@ void pages_write(uint64_t offset, const uint8_t *src, uint64_t n) { memcpy(T.rw 
 
 /* --------------------------------------------------------- stage start -- */
 
+/* Whether the flags of pages p..p+7 (p a multiple of 8, all below hw) have every bit
+ * `bits` set and no other: a stage start's scans skip the untouched pages 8 at a time. */
+static int eight_are(uint64_t p, uint8_t bits) {
+    uint64_t w;
+    memcpy(&w, T.flags + p, sizeof w);
+    return w == 0x0101010101010101ull * bits;
+}
+
 void pages_each_unprotected(uint64_t hw, void (*protect)(uint64_t first, uint64_t n)) {
     for (uint64_t p = 0; p < hw;) {
+        if (!(p & 7) && p + 8 <= hw && eight_are(p, FL_PROTECTED)) { p += 8; continue; }
         if (T.flags[p] & FL_PROTECTED) { p++; continue; }
         uint64_t q = p;
         while (q < hw && !(T.flags[q] & FL_PROTECTED)) q++;
@@ -361,35 +370,65 @@ void pages_note_shm_copies(void) { atomic_store(&T.shm_copies, 1); }
  * same-host workers keep pages mapped in place across stages, which show the new bytes
  * under the old version, so they are told of every written page. So are workers that
  * copy pages from the memfd: such a copy reaches the directory by a notice
- * (CL_HAVE) that may arrive after this stage start, and the copy would stay. */
+ * (CL_HAVE) that may arrive after this stage start, and the copy would stay.
+ * seal_page seals one written page at epoch E, listing it to invalidate where so. */
+static void seal_page(uint64_t p, uint32_t E, int same_host) {
+    pthread_mutex_t *m = cl_stripe(&T.stripes, p);
+    pthread_mutex_lock(m);
+    if (T.flags[p] & FL_WRITTEN) ADD(pages_written, 1);
+    if ((T.flags[p] & FL_DIRTY) && T.log[p]) T.log[p]->valid_until = E - 1;
+    if (cl_dir_count(&T.dir, p) || (same_host && T.version[p])) { /* a page never sealed was never mapped */
+        if (T.ninval == T.inval_cap) {
+            T.inval_cap = T.inval_cap ? 2 * T.inval_cap : 1024;
+            T.inval = realloc(T.inval, T.inval_cap * sizeof *T.inval);
+        }
+        T.inval[T.ninval++] = p;
+        cl_dir_clear(&T.dir, p);
+    }
+    T.version[p] = E;
+    T.flags[p] = FL_PROTECTED;
+    atomic_store_explicit(&T.state[p], (uint64_t)E << 1, memory_order_release);
+    pthread_mutex_unlock(m);
+}
+
+/* How many written pages ahead of the one being sealed have their state prefetched. */
+#define SEAL_AHEAD 8
+
 void pages_seal(uint32_t E, uint64_t hw, int same_host) {
     same_host = same_host || atomic_load(&T.shm_copies);
     T.ninval = T.nsealed = 0, T.sealed_lost = 0;
+    /* The written pages first, in one pass over the flags; then each is sealed with the
+     * state of those SEAL_AHEAD further on on its way into the cache. A sparse update (a
+     * parameter server's rows) writes pages far apart, each page's state lies in five
+     * arrays, and waiting for each of those misses in turn was most of a stage start. */
     for (uint64_t p = 0; p < hw; p++) {
+        if (!(p & 7) && p + 8 <= hw && eight_are(p, FL_PROTECTED)) { p += 7; continue; } /* none written */
         if (!written(p)) continue;
-        if (T.nsealed == T.sealed_cap && !T.sealed_lost) {
+        if (T.nsealed == T.sealed_cap) {
             uint64_t cap = T.sealed_cap ? 2 * T.sealed_cap : 1024, *more = realloc(T.sealed, cap * sizeof *more);
-            if (more) T.sealed = more, T.sealed_cap = cap;
-            else T.sealed_lost = 1;
-        }
-        if (!T.sealed_lost) T.sealed[T.nsealed++] = p;
-        pthread_mutex_t *m = cl_stripe(&T.stripes, p);
-        pthread_mutex_lock(m);
-        if (T.flags[p] & FL_WRITTEN) ADD(pages_written, 1);
-        if ((T.flags[p] & FL_DIRTY) && T.log[p]) T.log[p]->valid_until = E - 1;
-        if (cl_dir_count(&T.dir, p) || (same_host && T.version[p])) { /* a page never sealed was never mapped */
-            if (T.ninval == T.inval_cap) {
-                T.inval_cap = T.inval_cap ? 2 * T.inval_cap : 1024;
-                T.inval = realloc(T.inval, T.inval_cap * sizeof *T.inval);
+            if (!more) { /* no list: seal in the same pass, the list stays unknown */
+                T.sealed_lost = 1;
+                for (uint64_t i = 0; i < T.nsealed; i++) seal_page(T.sealed[i], E, same_host);
+                for (; p < hw; p++)
+                    if (written(p)) seal_page(p, E, same_host);
+                goto sealed;
             }
-            T.inval[T.ninval++] = p;
-            cl_dir_clear(&T.dir, p);
+            T.sealed = more, T.sealed_cap = cap;
         }
-        T.version[p] = E;
-        T.flags[p] = FL_PROTECTED;
-        atomic_store_explicit(&T.state[p], (uint64_t)E << 1, memory_order_release);
-        pthread_mutex_unlock(m);
+        T.sealed[T.nsealed++] = p;
     }
+    for (uint64_t i = 0; i < T.nsealed; i++) {
+        if (i + SEAL_AHEAD < T.nsealed) {
+            uint64_t q = T.sealed[i + SEAL_AHEAD];
+            __builtin_prefetch(&T.state[q], 1);
+            __builtin_prefetch(&T.version[q], 1);
+            __builtin_prefetch(&T.log[q], 0);
+            __builtin_prefetch(&T.dir.dir[q], 1);
+            __builtin_prefetch(cl_stripe(&T.stripes, q), 1);
+        }
+        seal_page(T.sealed[i], E, same_host);
+    }
+sealed:
     ADD(invalidations, T.ninval);
     atomic_store(&T.epoch, E);
 }
