@@ -70,6 +70,7 @@ int conn_shm_fd(void) { return N.shm_fd; }
 const uint8_t *conn_shm_view(void) { return N.shm_view; }
 
 uint64_t conn_shm_state(uint64_t p) { return atomic_load(&N.shm_state[p]); }
+void conn_shm_prefetch(uint64_t p) { __builtin_prefetch(&N.shm_state[p], 0); }
 
 /* Connects to a page server: TLS first when the cluster uses it, then the token. */
 static int connect_authenticated(uint32_t ip, int port, int timeout_ms) {

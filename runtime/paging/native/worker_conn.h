@@ -52,6 +52,8 @@ void conn_peer_close(uint32_t peer);
  * (version << 1 | dirty: pager_common.h). */
 int conn_shm_fd(void);
 uint64_t conn_shm_state(uint64_t p);
+/* Starts bringing page p's state word into the cache (a scattered read soon). */
+void conn_shm_prefetch(uint64_t p);
 /* The driver's arena memfd mapped read-only (NULL: not on its host). Its bytes are a
  * page's version only while the page's state word says so (check, copy, check again). */
 const uint8_t *conn_shm_view(void);

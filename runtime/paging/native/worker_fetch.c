@@ -472,11 +472,21 @@ static int shm_current(uint64_t first, uint64_t last, uint32_t E) {
  * straight from it, checking their state words before and after (a seqlock: the driver
  * marks a page dirty before a write lands, and a new version is a newer epoch than E).
  * The indices of the rows it could not copy go into `missed`; how many. */
+/* How many rows ahead gather_shm starts the cache misses of a row (its state word, its
+ * bytes, its page's request counter). */
+#define GATHER_AHEAD 8
+
 static uint64_t gather_shm(const uint64_t *offsets, uint64_t n, uint64_t row_bytes, uint32_t E, uint8_t *out,
                            uint64_t *missed) {
     const uint8_t *view = conn_shm_view();
     uint64_t m = 0;
     for (uint64_t i = 0; i < n; i++) {
+        if (i + GATHER_AHEAD < n) { /* rows lie far apart: start the misses of one further on */
+            uint64_t ahead = offsets[i + GATHER_AHEAD];
+            conn_shm_prefetch(ahead / F.ps);
+            maps_prefetch_count(ahead / F.ps);
+            __builtin_prefetch(view + ahead, 0);
+        }
         uint64_t first = offsets[i] / F.ps, last = (offsets[i] + row_bytes - 1) / F.ps;
         int ok = shm_current(first, last, E);
         if (ok) {

@@ -347,6 +347,10 @@ static void *zap_main(void *arg) {
 }
 
 /* Page p may be mapped from now on: maps_unmap_all unmaps [0, touched). */
+void maps_prefetch_count(uint64_t p) {
+    if (M.maps) __builtin_prefetch(&M.maps[p], 1);
+}
+
 void maps_count_read(uint64_t p) {
     if (M.maps) atomic_fetch_add_explicit(&M.maps[p], 1, memory_order_relaxed);
 }
