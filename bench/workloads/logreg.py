@@ -333,7 +333,7 @@ def run_clamor(p: dict, net: Any = None) -> list[dict]:
             return sum(w["shm_row_bytes"] for w in cluster.worker_stats())
 
         # The workers' counters are read around the first iteration and the timed block only:
-        # a Stats call to each worker before every iteration slowed the next one by 2-3 ms on
+        # a Stats call to each worker before every iteration slowed the next one by 1-2 ms on
         # 2 cores (its gRPC threads still ran). The block's gathered bytes go to its
         # iterations evenly.
         marks = {0: gathered()}
@@ -359,11 +359,10 @@ def run_clamor(p: dict, net: Any = None) -> list[dict]:
             drv.record(dt, fetched + mapped, mapped)
             if t == p["warmup"]:
                 marks[t] = gathered()
-        first = max(1, p["warmup"])  # the timed iterations after it get the share
-        rest = len(drv.moved) - (p["warmup"] == 0)
-        share = (gathered() - marks[first]) // max(1, rest)
-        drv.moved[-rest:] = [m + share for m in drv.moved[-rest:]] if rest else []
-        drv.mapped[-rest:] = [m + share for m in drv.mapped[-rest:]] if rest else []
+        shared = int(p["warmup"] == 0)  # without warm-up the first timed iteration has its own
+        share = (gathered() - marks[max(1, p["warmup"])]) // max(1, len(drv.moved) - shared)
+        for runs in (drv.moved, drv.mapped):
+            runs[shared:] = [m + share for m in runs[shared:]]
         return drv.rows("clamor", sampler.stop(), page_size=cluster.page_size,
                         note="bytes: pages and gathered rows the workers read (served by the driver or a "
                              "peer, or read in place on the driver's host: bytes_mapped_runs; rows gathered "
