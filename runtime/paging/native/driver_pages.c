@@ -334,17 +334,17 @@ void pages_write(uint64_t offset, const uint8_t *src, uint64_t n) { memcpy(T.rw 
 
 /* --------------------------------------------------------- stage start -- */
 
-/* Whether the flags of pages p..p+7 (p a multiple of 8, all below hw) have every bit
- * `bits` set and no other: a stage start's scans skip the untouched pages 8 at a time. */
-static int eight_are(uint64_t p, uint8_t bits) {
+/* Whether pages p..p+7 (p a multiple of 8, all below hw) are protected and unwritten, their
+ * flags FL_PROTECTED alone: a stage start's scans skip such pages 8 at a time. */
+static int eight_untouched(uint64_t p) {
     uint64_t w;
     memcpy(&w, T.flags + p, sizeof w);
-    return w == 0x0101010101010101ull * bits;
+    return w == 0x0101010101010101ull * FL_PROTECTED;
 }
 
 void pages_each_unprotected(uint64_t hw, void (*protect)(uint64_t first, uint64_t n)) {
     for (uint64_t p = 0; p < hw;) {
-        if (!(p & 7) && p + 8 <= hw && eight_are(p, FL_PROTECTED)) { p += 8; continue; }
+        if (!(p & 7) && p + 8 <= hw && eight_untouched(p)) { p += 8; continue; }
         if (T.flags[p] & FL_PROTECTED) { p++; continue; }
         uint64_t q = p;
         while (q < hw && !(T.flags[q] & FL_PROTECTED)) q++;
@@ -402,15 +402,14 @@ void pages_seal(uint32_t E, uint64_t hw, int same_host) {
      * parameter server's rows) writes pages far apart, each page's state lies in five
      * arrays, and waiting for each of those misses in turn was most of a stage start. */
     for (uint64_t p = 0; p < hw; p++) {
-        if (!(p & 7) && p + 8 <= hw && eight_are(p, FL_PROTECTED)) { p += 7; continue; } /* none written */
+        if (!(p & 7) && p + 8 <= hw && eight_untouched(p)) { p += 7; continue; } /* none written */
         if (!written(p)) continue;
         if (T.nsealed == T.sealed_cap) {
             uint64_t cap = T.sealed_cap ? 2 * T.sealed_cap : 1024, *more = realloc(T.sealed, cap * sizeof *more);
-            if (!more) { /* no list: seal in the same pass, the list stays unknown */
+            if (!more) { /* no list: seal them all in one pass (none is sealed yet), unlisted */
                 T.sealed_lost = 1;
-                for (uint64_t i = 0; i < T.nsealed; i++) seal_page(T.sealed[i], E, same_host);
-                for (; p < hw; p++)
-                    if (written(p)) seal_page(p, E, same_host);
+                for (uint64_t q = 0; q < hw; q++)
+                    if (written(q)) seal_page(q, E, same_host);
                 goto sealed;
             }
             T.sealed = more, T.sealed_cap = cap;

@@ -468,14 +468,14 @@ static int shm_current(uint64_t first, uint64_t last, uint32_t E) {
     return 1;
 }
 
-/* On the driver's host: copies the rows whose pages the driver's memory shows at epoch E
- * straight from it, checking their state words before and after (a seqlock: the driver
- * marks a page dirty before a write lands, and a new version is a newer epoch than E).
- * The indices of the rows it could not copy go into `missed`; how many. */
 /* How many rows ahead gather_shm starts the cache misses of a row (its state word, its
  * bytes, its page's request counter). */
 #define GATHER_AHEAD 8
 
+/* On the driver's host: copies the rows whose pages the driver's memory shows at epoch E
+ * straight from it, checking their state words before and after (a seqlock: the driver
+ * marks a page dirty before a write lands, and a new version is a newer epoch than E).
+ * The indices of the rows it could not copy go into `missed`; how many. */
 static uint64_t gather_shm(const uint64_t *offsets, uint64_t n, uint64_t row_bytes, uint32_t E, uint8_t *out,
                            uint64_t *missed) {
     const uint8_t *view = conn_shm_view();

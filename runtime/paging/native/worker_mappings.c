@@ -346,15 +346,15 @@ static void *zap_main(void *arg) {
     return NULL;
 }
 
-/* Page p may be mapped from now on: maps_unmap_all unmaps [0, touched). */
-void maps_prefetch_count(uint64_t p) {
-    if (M.maps) __builtin_prefetch(&M.maps[p], 1);
-}
-
 void maps_count_read(uint64_t p) {
     if (M.maps) atomic_fetch_add_explicit(&M.maps[p], 1, memory_order_relaxed);
 }
 
+void maps_prefetch_count(uint64_t p) {
+    if (M.maps) __builtin_prefetch(&M.maps[p], 1);
+}
+
+/* Page p may be mapped from now on: maps_unmap_all unmaps [0, touched). */
 void maps_mark_touched(uint64_t p) {
     uint64_t t = atomic_load(&M.touched);
     while (p + 1 > t && !atomic_compare_exchange_weak(&M.touched, &t, p + 1)) {}

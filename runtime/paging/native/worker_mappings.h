@@ -31,9 +31,9 @@ void maps_block_of(uint64_t p, uint64_t *per, uint64_t *lo, uint64_t *hi);
 
 /* Zero copy: a task read page p without mapping it (a gather's row copied from the
  * driver's memory): it counts in the page's hotness as a mapping does. */
+void maps_count_read(uint64_t p);
 /* Starts bringing page p's request counter into the cache (maps_count_read soon). */
 void maps_prefetch_count(uint64_t p);
-void maps_count_read(uint64_t p);
 /* Page p may be mapped from now on: maps_unmap_all unmaps [0, touched). */
 void maps_mark_touched(uint64_t p);
 /* A task starts: its scans are its own (maps_direct). */
