@@ -287,8 +287,8 @@ class SchedulerState:
         are cancelled. Results of unknown or cancelled attempts (but for the first result
         of an attempt taken back from a slow worker), or reported by another worker than
         the attempt's, are ignored (what they left on a live worker is dropped there: their
-        ``kept`` reply, and outputs that the registry has elsewhere). A slow worker finishing an attempt within the
-        threshold is not slow any more.
+        ``kept`` reply, and outputs that the registry has elsewhere). A slow worker
+        finishing an attempt within the threshold is not slow any more.
         """
         return self.tasks_finished(worker, [result], now=now)
 

@@ -80,7 +80,7 @@ class _Queued:
     assignment: pb.Assignment
 
 
-class _Kept:
+class _PendingPuts:
     """What an attempt keeps on this worker (its outputs, a large reply), held back
     until it ends: only an attempt the driver still wants puts them in the store. A
     cancelled one may run past its stage's barrier, on pages the driver has rewritten
@@ -319,14 +319,14 @@ class WorkerExecutor:
                 ClamorError(f"stage {item.stage}'s program never reached worker {self.worker_id}"),
                 item.assignment.index,
             )
-            kept = _Kept()
+            pending = _PendingPuts()
         else:
-            report, kept = self._run(program, item)
+            report, pending = self._run(program, item)
         with self._cond:  # a Cancel after this: the driver ignores the report and drops its outputs
             cancelled = item.assignment.attempt_id in self._cancelled
             self._cancelled.discard(item.assignment.attempt_id)
         if not cancelled:
-            for key, value, spillable in kept.values:
+            for key, value, spillable in pending.values:
                 self._store.put(key, value, spillable)
         with self._cond:
             self._running, self._busy = None, False
@@ -339,15 +339,15 @@ class WorkerExecutor:
             batches = self._batches()
         self._report(batches)
 
-    def _run(self, program: Any, item: _Queued) -> tuple[pb.TaskReport, _Kept]:
+    def _run(self, program: Any, item: _Queued) -> tuple[pb.TaskReport, _PendingPuts]:
         """Run an attempt: its report, and what it keeps here if it is still wanted."""
         a = item.assignment
         start = time.perf_counter()
-        kept = _Kept()
+        pending = _PendingPuts()
         try:  # an input key that does not decode fails the attempt, not this thread
             locations = {decode_key(i.key): (i.holder, i.address, i.bulk_address) for i in a.inputs}
         except Exception as exc:  # noqa: BLE001
-            return _error_report(a.attempt_id, exc, a.index), kept
+            return _error_report(a.attempt_id, exc, a.index), pending
         fetched: dict[PartitionKey, Any] = {}
 
         def fetch(key: PartitionKey) -> Any:
@@ -356,7 +356,7 @@ class WorkerExecutor:
             return fetched[key]
 
         payloads = list(a.payloads)
-        ctx = TaskContext(a.index, tuple(locations), fetch, kept.put, payloads[0] if payloads else b"")
+        ctx = TaskContext(a.index, tuple(locations), fetch, pending.put, payloads[0] if payloads else b"")
         read_set, resident = b"", False
         try:
             self.paging.begin_task(item.epoch)
@@ -375,7 +375,7 @@ class WorkerExecutor:
             if a.HasField("output"):
                 ctx.put(decode_key(a.output), value)
             if a.reply and value is not None:  # no value: None (the common empty reply)
-                self._encode_value(report, a.attempt_id, value, kept)
+                self._encode_value(report, a.attempt_id, value, pending)
             if updates := ctx.accumulator_updates:
                 report.accumulators = shipping.dumps(updates)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the driver
@@ -386,16 +386,16 @@ class WorkerExecutor:
         if read_set:
             report.read_runs, report.resident = read_set, resident
         report.duration = time.perf_counter() - start
-        return report, kept
+        return report, pending
 
     @staticmethod
-    def _encode_value(report: pb.TaskReport, attempt_id: int, value: Any, kept: _Kept) -> None:
+    def _encode_value(report: pb.TaskReport, attempt_id: int, value: Any, pending: _PendingPuts) -> None:
         data = shipping.dumps(value)
         if len(data) <= INLINE_REPLY_BYTES:
             report.value = data
         else:  # kept here; the driver streams it with GetPartition, then drops it
             key = ("reply", attempt_id)
-            kept.put(key, value, spillable=False)  # on its way out
+            pending.put(key, value, spillable=False)  # on its way out
             report.value_key.CopyFrom(encode_key(key))
 
     def _fetch(self, key: PartitionKey, holder: int, address: str, bulk_address: str) -> Any:
