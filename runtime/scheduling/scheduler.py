@@ -217,8 +217,8 @@ class SchedulerState:
         """A worker is gone: lose its partitions, run its unfinished attempts elsewhere.
 
         Stages fail with ``error`` if a task is pinned there or no worker is left, with
-        :class:`TaskCrashedError` if the attempt it was running had its task charged
-        ``max_attempts`` losses; with :class:`MissingPartitionError` if a pending
+        :class:`TaskCrashedError` if the attempt it was running (or one taken back from
+        it) had its task charged ``max_attempts`` losses; with :class:`MissingPartitionError` if a pending
         task needs a partition held there.
         """
         state = self._workers.get(worker)
@@ -229,6 +229,7 @@ class SchedulerState:
         for attempt in lost:
             self._forget(worker, attempt.id)  # never cancelled: nothing goes to a lost worker
         del self._workers[worker]
+        taken = group((e[1].stage, e[1].index) for e in self._replaced.values() if e[0] == worker)
         self._replaced = {a: e for a, e in self._replaced.items() if e[0] != worker}
         if all(s.slow is not None for s in self._workers.values()):
             for s in self._workers.values():
@@ -239,7 +240,7 @@ class SchedulerState:
             out.append(PartitionsLost(tuple(keys)))
         hit = group((a.stage, a.index) for a in lost)
         for stage in list(self._stages.values()):
-            out += self._recover(stage, worker, sorted(hit.get(stage.id, ())), error)
+            out += self._recover(stage, worker, sorted(hit.get(stage.id, ())), error, taken.get(stage.id, ()))
         return self._refill(out)
 
     def stage_submitted(
@@ -482,14 +483,22 @@ class SchedulerState:
             state.head, state.since = head, None if head is None else self._now
 
     def _recover(
-        self, stage: StageState, worker: int, lost: list[int], error: BaseException
-    ) -> list[Instruction]:
+        self, stage: StageState, worker: int, lost: list[int], error: BaseException,
+        taken: Iterable[int] = (),
+    ) -> list[Instruction]:  # fmt: skip
         """``worker`` was lost with attempts of these indices: queue them again, or fail.
-        Each counts a loss: at ``max_attempts`` the stage fails with :class:`TaskCrashedError`."""
-        for index in lost:
+        Each counts a loss, and so does each index ``taken`` back from it (pending or
+        running elsewhere already; that worker may have started it, as a worker runs an
+        attempt while the next waits, and a Cancel does not stop ``os._exit``), once
+        however many of its attempts were there: at ``max_attempts`` the stage fails with
+        :class:`TaskCrashedError`."""
+        for index in (*lost, *(i for i in taken if i not in lost)):  # once a loss
             losses = self._charge(stage, index)
             if index not in stage.copies and losses >= self.max_attempts:
                 return self._fail(stage, TaskCrashedError(index, losses, str(error)))
+        for index in (i for i in taken if i in stage.pending and i not in stage.suspected):
+            stage.suspected.add(index)  # now a suspect: it runs alone (its old queue skips it)
+            heapq.heappush(stage.suspects, index)
         if not self._workers:
             return self._fail(stage, error)
         pinned = stage.pinned.pop(worker, [])

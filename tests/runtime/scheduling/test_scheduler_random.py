@@ -55,6 +55,7 @@ class FakeCluster:
         self.isolated: set[int] = set()  # attempts of suspects (tasks with losses): run alone
         self.replaced: dict[tuple[int, int], int] = {}  # taken back from slow workers
         self.requeued: set[tuple[int, int]] = set()  # taken back, not launched again yet
+        self.taken: dict[int, tuple[int, Attempt]] = {}  # taken back, unreported: id -> (worker, it)
         self.reruns = 0  # launches again after a loss
         self.winners: dict[tuple[int, int], int] = {}  # the attempt whose result counts
         self.zombies: list[tuple[int, Attempt, bool]] = []  # (worker, attempt, taken back)
@@ -132,11 +133,13 @@ class FakeCluster:
                         if not self.running(*key):
                             self.replaced[key] = self.replaced.get(key, 0) + 1
                             self.requeued.add(key)
+                        self.taken[a.id] = (ins.worker, a)
                     if self.rng.random() < 0.5:
                         self.zombies.append((ins.worker, a, taken_back))
             elif isinstance(ins, StageDone | StageFailed):
                 assert ins.stage in self.specs and ins.stage not in self.ended, "ended twice"
                 self.ended[ins.stage] = ins
+                self.taken = {i: (w, a) for i, (w, a) in self.taken.items() if a.stage != ins.stage}
                 if isinstance(ins, StageDone):
                     n = len(self.specs[ins.stage])
                     assert [r.index for r in ins.results] == list(range(n)), "once per index"
@@ -200,8 +203,10 @@ class FakeCluster:
         lost = list(self.queues.pop(gone))
         self.zombies = [z for z in self.zombies if z[0] != gone]
         self.lost_attempts += len(lost)
-        for a in lost:
-            self.losses[a.stage, a.index] = self.losses.get((a.stage, a.index), 0) + 1
+        taken = [a for w, a in self.taken.values() if w == gone]  # it may have run them
+        self.taken = {i: (w, a) for i, (w, a) in self.taken.items() if w != gone}
+        for key in {(a.stage, a.index) for a in lost + taken}:  # once a loss
+            self.losses[key] = self.losses.get(key, 0) + 1
         elsewhere = {(a.stage, a.index) for q in self.queues.values() for a in q}
         error = WorkerLostError(gone, "random")
         out = self.state.worker_lost(gone, error, now=now)
@@ -210,9 +215,10 @@ class FakeCluster:
         for stage in active:
             hit = {a.index for a in lost if a.stage == stage}
             again = {i for i in hit if (stage, i) not in elsewhere}
+            charged = again | {a.index for a in taken if a.stage == stage and (stage, a.index) not in elsewhere}
             specs = self.specs[stage]
             inputs = {k for i in before[stage] | again for k in specs[i].inputs}
-            if any(self.losses[stage, i] >= self.state.max_attempts for i in again):
+            if any(self.losses[stage, i] >= self.state.max_attempts for i in charged):
                 assert isinstance(failed[stage], TaskCrashedError), failed[stage]
             elif not self.queues or any(specs[i].worker == gone for i in hit | before[stage]):
                 assert failed[stage] is error
@@ -254,6 +260,7 @@ class FakeCluster:
         pick = -1 if rng.random() < 0.5 else rng.randrange(len(self.zombies))  # latest, or any
         worker, attempt, taken_back = self.zombies.pop(pick)
         key = (attempt.stage, attempt.index)
+        self.taken.pop(attempt.id, None)  # it reported: no longer charged if its worker is lost
         if rng.random() < 0.2:
             assert self.state.task_failed(worker, attempt.id, ValueError(), now=now) == []
             return

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pytest
-from clamor.runtime.errors import WorkerLostError
+from clamor.runtime.errors import TaskCrashedError, WorkerLostError
 from clamor.runtime.scheduling.scheduler import (
     Attempt,
     Cancel,
@@ -352,6 +352,58 @@ def test_the_queue_behind_a_straggler_is_taken_back_and_placed_on_other_workers(
         "total": 9, "pending": 0, "running": 6, "done": 3, "speculative": 0,
     }  # fmt: skip
     assert state.tick(2.02) == []  # taken back once
+
+
+def test_a_task_taken_back_from_a_worker_that_dies_is_charged_the_loss():
+    """A worker runs an attempt while the next waits, and a Cancel cannot stop a task that
+    kills its process: the tasks taken back from a slow worker are charged when it is
+    lost, like those it ran. Here task 3 kills workers 0 and 1 and fails its stage there,
+    at 2 losses, instead of costing a third worker."""
+    state = SchedulerState(max_attempts=2)
+    for worker in range(3):
+        state.worker_added(worker)
+    placed, out = slow_worker_0(state)
+    assert indices(launched(out)[1]) == [3, 6]  # taken back from worker 0
+    assert of(state.worker_lost(0, WorkerLostError(0, "exit 1")), StageFailed) == []
+    (failed,) = of(state.worker_lost(1, WorkerLostError(1, "exit 1")), StageFailed)
+    assert isinstance(failed.error, TaskCrashedError)
+    assert (failed.error.index, failed.error.losses) == (3, 2)
+    assert state.workers == [2]
+
+
+def test_a_loss_is_charged_once_to_a_task_both_taken_back_from_and_running_on_that_worker():
+    state = SchedulerState(max_attempts=3)
+    for worker in range(3):
+        state.worker_added(worker)
+    placed, out = slow_worker_0(state)  # 3 and 6 taken back from worker 0, placed on 1
+    assert state.worker_lost(1, WorkerLostError(1, "exit 1")) == []  # 3 and 6: a loss each
+    (alone,) = launched(finish(state, placed[0][0], now=3.0, duration=3.0))[0]
+    assert alone.index == 3  # worker 0 idle: 3 runs there alone, where it was taken from
+    assert of(state.worker_lost(0, WorkerLostError(0, "exit 1")), StageFailed) == []  # 2 losses
+    assert state.running(2) and finish(state, placed[2][2]) == []
+    (alone,) = launched(finish(state, placed[2][1]))[2]
+    (failed,) = of(state.worker_lost(2, WorkerLostError(2, "exit 1")), StageFailed)
+    assert (failed.error.index, failed.error.losses) == (3, 3)
+
+
+def test_a_pending_task_taken_back_from_a_lost_worker_waits_to_run_alone():
+    """Charged with that loss, a task taken back and not yet placed is a suspect: it
+    waits for an idle worker, not for the first free slot."""
+    state = SchedulerState(window=2)
+    for worker in range(3):
+        state.worker_added(worker)
+    placed = launched(state.stage_submitted(1, tasks(9), now=0.0))
+    assert indices(placed[0]) == [0, 3]
+    (six,) = launched(finish(state, placed[1][0], now=1.0, duration=1.0))[1]
+    finish(state, placed[2][0], now=1.0, duration=1.0)
+    (eight,) = launched(finish(state, placed[1][1], now=2.0, duration=1.0))[1]
+    assert state.tick(2.01) == [Cancel(0, (placed[0][1].id,))]  # 3: pending, workers 1, 2 full
+    assert state.worker_lost(0, WorkerLostError(0, "exit 1")) == []
+    assert launched(finish(state, six)) == {}  # worker 1 still runs 8: 0 and 3 wait
+    (alone,) = launched(finish(state, eight))[1]
+    assert alone.index == 0 and state.running(1) == (alone.id,)
+    (alone,) = launched(finish(state, alone))[1]
+    assert alone.index == 3 and state.running(1) == (alone.id,)
 
 
 def test_a_slow_worker_holds_one_attempt_at_a_time_until_it_finishes_one_fast():
