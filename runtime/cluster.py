@@ -246,6 +246,7 @@ class Cluster(DatasetSources):
             self._executor = Executor(
                 self._paging,
                 poll=lambda: (c := me()) and c.registry.refresh(),
+                unstaffed=lambda: (c := me()) and c.registry.unstaffed(),
                 unreachable=lambda w, why: (c := me()) and c.registry.on_unreachable(w, why),
                 min_ref_bytes=lambda: (c := me()) and (c.page_size or None),
                 versions=self.versions,

@@ -142,6 +142,7 @@ class WorkerRegistry:
         self._restarts = restarts
         self._restarted: collections.deque[float] = collections.deque()  # when, in the window
         self._starting = 0  # replacements started and not ready (or failed) yet
+        self._unreplaced = ""  # why the last lost worker has no replacement
         #: Lost workers started anew.
         self.replaced = 0
         self._spawning = threading.Lock()
@@ -410,10 +411,10 @@ class WorkerRegistry:
             try:
                 self._paging.worker_lost(worker.id)
                 self.executor.worker_lost(worker.id, error)
+                if not worker.retired:
+                    self._replace(worker.id)  # before lost_told: see unstaffed
             finally:
                 worker.lost_told.set()
-            if not worker.retired:
-                self._replace(worker.id)
         else:  # e.g. kill_worker racing a failed call: return only once the loss is known
             worker.lost_told.wait(10.0)
         return error
@@ -486,6 +487,7 @@ class WorkerRegistry:
                     f"{len(self._restarted)} were replaced in the last {RESTART_WINDOW:g} s "
                     f"(restarts={self._restarts})")
                 logger.warning("worker %d is not replaced: %s", lost, why)
+                self._unreplaced = f"worker {lost} was lost ({self._workers[lost].lost}) and not replaced: {why}"
                 return
             self._restarted.append(now)
             new, self._next_id = self._next_id, self._next_id + 1
@@ -505,6 +507,8 @@ class WorkerRegistry:
             if not self.closed:
                 logger.warning("worker %d, started in place of lost worker %d, did not join: %s",
                                new, lost, exc)  # fmt: skip
+                with self._cond:
+                    self._unreplaced = f"worker {new}, started in place of lost worker {lost}, did not join: {exc}"
         finally:
             with self._cond:
                 self._starting -= 1
@@ -570,6 +574,17 @@ class WorkerRegistry:
         for worker in candidates:
             if not self._process_alive(worker) and self._claim_end(worker):
                 self._mark_lost(worker, self._how_ended(worker))
+
+    def unstaffed(self) -> str | None:
+        """Why no worker can take a task, now or later: none is live, none is starting
+        (nor a loss being handled, which may start one). ``None`` if one can."""
+        with self._cond:
+            if self.closed or self._starting or any(
+                (w.lost is None and w.ready) or (w.lost is not None and not w.lost_told.is_set())
+                for w in self._workers.values()
+            ):
+                return None
+            return f"{self._unreplaced or 'every worker was lost'}; cluster.scale(n) starts new ones"
 
     def live_worker(self, worker_id: int) -> Worker:
         worker = self._workers.get(worker_id)

@@ -34,6 +34,7 @@ from clamor.runtime.data import accumulators
 from clamor.runtime.errors import (
     ActionTimeoutError,
     ClamorError,
+    NoWorkersError,
     SerializationError,
     TaskCrashedError,
     WorkerLostError,
@@ -102,7 +103,9 @@ class Executor:
     """Runs stages on the workers it is told about.
 
     ``paging``: the driver pager (stage protocol). ``poll``: called while a stage
-    waits, to detect lost workers. ``unreachable(worker, error)``: a call to a
+    waits, to detect lost workers. ``unstaffed()``: why no worker can take a task now
+    or later (``None`` if one can): a waiting stage then fails with
+    :class:`NoWorkersError`. ``unreachable(worker, error)``: a call to a
     worker failed or its task stream ended; the owner decides whether it is lost
     (and then calls :meth:`worker_lost`). ``min_ref_bytes``: arena arrays at least this large
     travel by reference. ``bulk``: fetches partitions from workers' bulk servers
@@ -114,6 +117,7 @@ class Executor:
         paging: DriverPaging,
         *,
         poll: Callable[[], None],
+        unstaffed: Callable[[], str | None] = lambda: None,
         unreachable: Callable[[int, str], None],
         min_ref_bytes: Callable[[], int | None],
         versions: VersionKeeper | None = None,
@@ -128,6 +132,7 @@ class Executor:
         #: Stops the running attempts of stages that are over (kills workers that do not).
         self.stopper = Stopper(kill)
         self._poll = poll
+        self._unstaffed = unstaffed
         self._unreachable = unreachable
         self._min_ref_bytes = min_ref_bytes
         #: What the driver's version log keeps (epoch pins, release, trimming).
@@ -487,6 +492,8 @@ class Executor:
                     if limit is not None and time.monotonic() >= limit[0]:
                         raise self._timed_out(stage_id, run, limit) from None
                     self._poll()
+                    if (why := self._unstaffed()) is not None:  # it would wait for ever
+                        raise self._cancel(stage_id, NoWorkersError(f"stage {run.name or stage_id!r}", why))
                     self._post(lambda s: s.tick(time.monotonic()))  # stragglers: speculation
         except KeyboardInterrupt as interrupt:
             error = ClamorError(f"stage {stage_id} was interrupted")
@@ -501,6 +508,10 @@ class Executor:
         done = "" if progress is None else f" ({progress['done']} of {progress['total']} tasks done)"
         error = ActionTimeoutError(f"{action} did not finish within {seconds:g} s: stage {run.name or stage_id!r}"
                                    f"{done} was cancelled and its running tasks stopped")  # fmt: skip
+        return self._cancel(stage_id, error)
+
+    def _cancel(self, stage_id: int, error: BaseException) -> BaseException:
+        """Cancel a waiting stage (its running attempts stopped); ``error``, to raise."""
         self._post(lambda s: s.stage_cancelled(stage_id, error))
         return error
 

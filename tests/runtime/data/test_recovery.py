@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 from clamor.demo import geodata
-from clamor.runtime.errors import WorkerLostError
+from clamor.runtime.errors import NoWorkersError, WorkerLostError
 from sklearn.neighbors import KDTree
 
 import clamor
@@ -167,6 +167,24 @@ def test_all_workers_killed_gives_a_clear_error_not_a_hang():
         (error,) = outcome
         assert isinstance(error, WorkerLostError), error  # as docs/user-guide.md says
         assert "worker" in str(error) and ("lost" in str(error) or "no live" in str(error))
+
+
+def test_an_action_with_no_worker_left_nor_starting_fails_at_once_and_scale_brings_them_back():
+    """Every worker lost and the restart budget spent: the next action does not wait for
+    a worker that will never come; its error says why, and what brings workers back."""
+    with clamor.Cluster(workers=1, restarts=0) as cluster:
+        cluster.kill_worker(0)
+        start = time.monotonic()
+        with pytest.raises(NoWorkersError) as failed:
+            cluster.run(lambda: "never", timeout=30)  # not an ActionTimeoutError after 30 s
+        assert time.monotonic() - start < 10
+        assert "worker 0 was lost (pid" in str(failed.value)
+        assert "not replaced: 0 were replaced in the last 60 s (restarts=0)" in str(failed.value)
+        assert "cluster.scale(n) starts new ones" in str(failed.value)
+        with pytest.raises(NoWorkersError):
+            cluster.range(4, partitions=2).collect(timeout=30)
+        assert cluster.scale(1) == [1]
+        assert cluster.run(lambda: "back") == "back"
 
 
 def test_all_workers_killed_mid_action_are_replaced_and_the_action_completes():
