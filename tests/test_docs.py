@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -82,13 +83,21 @@ EXPECTED = {
 
 
 def _run(block: Block, cwd: Path) -> str:
+    """Run ``block`` as a script; its output. One that runs past ``BLOCK_TIMEOUT`` is
+    aborted with every thread's traceback written out (faulthandler), to say where."""
     script = cwd / f"example_line_{block.line}.py"
     script.write_text(block.code)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    done = subprocess.run([sys.executable, script.name], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=BLOCK_TIMEOUT, check=False)  # fmt: skip
-    assert done.returncode == 0, f"the example at {block} failed:\n{block.code}\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
+    with subprocess.Popen([sys.executable, script.name], cwd=cwd, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:  # fmt: skip
+        try:
+            stdout, stderr = process.communicate(timeout=BLOCK_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            stdout, stderr = process.communicate()
+            pytest.fail(f"the example at {block} ran past {BLOCK_TIMEOUT} s:\n{stdout}\n{stderr}")
+    assert process.returncode == 0, f"the example at {block} failed:\n{block.code}\n{stdout}\n{stderr}"
+    return stdout
 
 
 @pytest.mark.slow  # clusters in fresh interpreters: 40-120 s on 2 cores
