@@ -96,6 +96,7 @@ typedef struct {
     uint64_t holder_bitmaps;    /* pages held by more than 7 workers (a 128-byte bitmap each) */
     uint64_t direct_writes;     /* rows written by clamor_driver_write_rows (no write trap) */
     uint64_t rows_served;       /* rows sent for CL_ROWS (clamor.gather on workers that copy pages) */
+    uint64_t bytes_mapped_ahead; /* of the arena, where clamor.write writes (driver_map_ahead.h) */
 } clamor_driver_stats;
 
 /* Workers a cluster can have: worker ids are 0 .. CLAMOR_MAX_WORKERS - 1. The driver's

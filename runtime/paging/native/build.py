@@ -26,6 +26,7 @@ SOURCES = [
     "driver_base.c",
     "directory.c",
     "driver_zap.c",
+    "driver_map_ahead.c",
     "driver_pages.c",
     "driver_versions.c",
     "driver_pager.c",

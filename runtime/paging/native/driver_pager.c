@@ -40,6 +40,7 @@
 
 #include "clamor.h"
 #include "driver_base.h"
+#include "driver_map_ahead.h"
 #include "driver_pages.h"
 #include "driver_versions.h"
 #include "driver_zap.h"
@@ -305,7 +306,9 @@ void clamor_driver_release(uint32_t E) {
 
 int clamor_driver_write_rows(const int64_t *offsets, uint64_t n, const uint8_t *values, uint64_t row_bytes) {
     API_READ();
+    uint64_t faults = map_ahead_faults();
     int rc = S.running ? versions_write_rows(offsets, n, values, row_bytes) : 1;
+    if (rc == 0) map_ahead_rows(offsets, n, faults);
     API_DONE();
     return rc;
 }

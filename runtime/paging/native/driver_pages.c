@@ -11,6 +11,7 @@
 #include "clamor.h"
 #include "directory.h"
 #include "driver_base.h"
+#include "driver_map_ahead.h"
 #include "driver_pages.h"
 #include "driver_zap.h"
 #include "pager_common.h"
@@ -75,10 +76,11 @@ int pages_init(uint64_t ps, uint64_t npages, char *err, size_t errlen) {
         T.rw = NULL;
         return CL_ERR("cannot map the arena for untracked writes: %s", strerror(errno));
     }
-    return 0;
+    return map_ahead_init(T.view, T.rw, npages * ps, err, errlen);
 }
 
 void pages_free(void) {
+    map_ahead_free(); /* before T.view and T.rw go */
     if (T.log)
         for (uint64_t p = 0; p < T.npages; p++)
             for (logent *e = T.log[p], *next; e; e = next) next = e->next, free(e);

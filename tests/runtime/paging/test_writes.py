@@ -11,6 +11,7 @@ written.
 
 from __future__ import annotations
 
+import resource
 import time
 
 import numpy as np
@@ -140,3 +141,27 @@ def test_outside_the_arena_it_is_plain_assignment():
     plain = np.zeros(10)
     clamor.write(plain, [1, 2], 5.0)
     assert plain.tolist() == [0, 5, 5, 0, 0, 0, 0, 0, 0, 0]
+
+
+def test_the_regions_a_write_reached_are_mapped_ahead_and_later_writes_there_do_not_fault(cluster):
+    """``clamor.write`` writes through a mapping of its own, where each page's first write
+    would fault (the view mapped it, that mapping did not). The regions a write reaches
+    are mapped ahead on a thread of the driver: soon, writes to pages never written
+    there before take no page fault."""
+    w = clamor.empty(16 << 20)  # 128 MiB: 64 regions of 2 MiB, 32,768 pages
+    w[:] = 1.0  # the arena holds every page now
+    mapped = cluster.paging.stats()["driver"]["bytes_mapped_ahead"]
+    rng = np.random.default_rng(5)
+    faults: list[int] = []
+    while len(faults) < 20:  # without mapping ahead: hundreds of writes before it stops faulting
+        ids = np.unique(rng.integers(0, len(w), 400))  # about 400 pages not written yet
+        values = np.full(len(ids), 3.0)
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        clamor.write(w, ids, values)
+        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+        assert np.array_equal(np.asarray(w)[ids], values)
+        if faults[-1] < 20:
+            break
+        time.sleep(0.05)
+    assert faults[0] > 200 and faults[-1] < 20, faults  # one a page at first, then none
+    assert cluster.paging.stats()["driver"]["bytes_mapped_ahead"] - mapped >= w.nbytes // 2
