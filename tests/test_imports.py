@@ -189,7 +189,8 @@ WORKER_PAGER_LAYERS = [
 #: The driver pager, lowest first.
 DRIVER_PAGER_LAYERS = [
     {"driver_base"},  # counters
-    {"driver_zap", "directory", "write_tracking"},  # the shoot-down area; page holders; async write tracking
+    {"driver_zap", "directory", "write_tracking", "driver_map_ahead"},  # the shoot-down area; page holders;
+    # async write tracking; mapping ahead where clamor.write writes
     {"driver_pages"},  # the page table and its page locks: versions, the version log, holders
     {"driver_versions"},  # the write handler and stage starts (the stage lock)
     {"driver_pager"},  # the API and its lock, start and stop, the page server's callbacks

@@ -498,7 +498,7 @@ class Executor:
         except KeyboardInterrupt as interrupt:
             error = ClamorError(f"stage {stage_id} was interrupted")
             error.__cause__ = interrupt
-            self._post(lambda s: s.stage_cancelled(stage_id, error))
+            self._cancel(stage_id, error)
             raise
 
     def _timed_out(self, stage_id: int, run: _StageRun, limit: tuple[float, float, str]) -> ActionTimeoutError:
