@@ -497,8 +497,7 @@ class SchedulerState:
             if index not in stage.copies and losses >= self.max_attempts:
                 return self._fail(stage, TaskCrashedError(index, losses, str(error)))
         for index in (i for i in taken if i in stage.pending and i not in stage.suspected):
-            stage.suspected.add(index)  # now a suspect: it runs alone (its old queue skips it)
-            heapq.heappush(stage.suspects, index)
+            self._enqueue(stage, index)  # with a loss now: a suspect (its old queue skips it)
         if not self._workers:
             return self._fail(stage, error)
         pinned = stage.pinned.pop(worker, [])

@@ -1,9 +1,7 @@
 /* Mapping ahead where clamor.write writes, the driver's side (driver_map_ahead.h). */
-#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
