@@ -25,8 +25,8 @@ from typing import Any
 
 import jupyter_client
 from harness import progress
-from harness.machine import git, machine, package_versions
-from harness.results import RESULTS
+from harness.machine import machine, package_versions, provenance
+from harness.results import RESULTS, commit_of
 
 SETUP = """
 import json, time
@@ -129,7 +129,7 @@ def report(data: dict, params: dict) -> str:
     ratio = _median(on, "seconds") / _median(off, "seconds")
     pairs = [b["seconds"] / a["seconds"] for a, b in zip(off, on, strict=True)]
     verdict = "met" if ratio < 1.05 else "MISSED"
-    commit = git("rev-parse", "--short", "HEAD")
+    commit, dirty = commit_of(data)
     m = data["machine"]
     snapshots = _median(on, "snapshots")
     rows = [
@@ -142,7 +142,8 @@ def report(data: dict, params: dict) -> str:
     return "\n".join([
         "# Dashboard overhead",
         "",
-        f"{time.strftime('%Y-%m-%d')}, commit {commit}, {m['nproc']} cores ({m['cpu']}).",
+        (f"{data.get('date', '?')}, commit {commit}" + (" with uncommitted changes" if dirty else "")
+         + f", {m['nproc']} cores ({m['cpu']}). Command: `{data.get('command', 'not recorded')}`."),
         "",
         (f"Stage: {params['queries']:,} k-d tree 10-NN queries over {params['points']:,} "
         f"points in the arena, {params['tasks']} tasks on 2 workers; {params['pairs']} "
@@ -171,8 +172,8 @@ def main() -> None:
     args = parser.parse_args()
     params = {"pairs": 3 if args.quick else 9, "points": 1_000_000, "queries": 300_000, "tasks": 32}
     data = run(params["pairs"], params["points"], params["queries"], params["tasks"])
-    data["machine"] = machine(packages=package_versions(["bokeh", "jupyter_bokeh", "ipywidgets"]))
-    data["params"] = params
+    data.update(provenance(), date=time.strftime("%Y-%m-%dT%H:%M:%S"), params=params,
+                machine=machine(packages=package_versions(["bokeh", "jupyter_bokeh", "ipywidgets"])))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "dashboard.json").write_text(json.dumps(data, indent=1))
     text = report(data, params)

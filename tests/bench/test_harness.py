@@ -104,3 +104,17 @@ def test_the_empty_task_goals_are_issue_32s_against_batched_ray_and_the_2_task_s
     overhead.add_stats(result)
     assert result["goals"][0]["met"] is False
     assert not any("under 1 ms" in g["goal"] for g in result["goals"])
+
+
+def test_the_dashboard_report_names_the_commit_its_json_measured_not_the_checkout():
+    from workloads import dashboard
+
+    run = {"seconds": 1.0, "kernel_cpu": 0.2, "tasks_replaced": 0, "snapshots": 3,
+           "snapshot_seconds": 0.01, "comm_messages": 9, "comm_bytes": 4096}  # fmt: skip
+    params = {"pairs": 1, "points": 10, "queries": 10, "tasks": 2}
+    data = {"runs": [{**run, "live": False}, {**run, "live": True}], "params": params,
+            "commit": "abc1234", "dirty": True, "date": "2026-11-28T03:00:00",
+            "command": "python bench/run.py dashboard", "machine": {"nproc": 2, "cpu": "test"}}  # fmt: skip
+    text = dashboard.report(data, params)
+    assert "2026-11-28T03:00:00, commit abc1234 with uncommitted changes, 2 cores (test)." in text
+    assert "Command: `python bench/run.py dashboard`" in text
