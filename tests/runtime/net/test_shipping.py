@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 import subprocess
 import sys
 import types
@@ -82,6 +83,36 @@ def test_small_heap_and_object_arrays_travel_by_value():
         assert np.array_equal(back, x)
         assert not arena.in_arena(back)
     assert len(shipping.dumps(heap)) > heap.nbytes
+
+
+PLAIN = [np.arange(1024), np.zeros((3, 4), np.float32), np.array(3.5), np.zeros((0, 3)), np.arange(3, dtype=">i4"),
+         np.array(["ab", "c"]), np.array([b"x"]), np.ones(3, bool), np.ones(2, np.complex128), np.ones(3, np.float16)]
+OTHERS = [np.array(["2020-01-01"], dtype="M8[ns]"), np.array([5], dtype="m8[s]"), np.zeros((2, 3), order="F"),
+          np.arange(10)[::2], np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]),
+          np.zeros(2, dtype=np.dtype("i4", metadata={"unit": "m"}))]
+
+
+@pytest.mark.parametrize("x", PLAIN + OTHERS, ids=lambda x: f"{x.dtype.str}{list(x.shape)}")
+def test_an_array_by_value_comes_back_as_numpys_pickle_would_bring_it(x):
+    for writeable in (True, False):
+        x = x.copy(order="K") if writeable else x
+        x.flags.writeable = writeable
+        back, numpys = shipping.loads(shipping.dumps(x)), pickle.loads(pickle.dumps(x, pickle.HIGHEST_PROTOCOL))
+        for a in (back, numpys):
+            assert a.dtype == x.dtype and a.dtype.str == x.dtype.str and a.dtype.metadata == x.dtype.metadata
+            assert a.shape == x.shape and np.array_equal(a, x)
+        assert back.flags.writeable == numpys.flags.writeable
+        assert back.flags.c_contiguous == numpys.flags.c_contiguous
+        assert back.flags.f_contiguous == numpys.flags.f_contiguous
+
+
+def test_a_plain_array_ships_as_its_bytes_and_its_dtypes_name():
+    """Not numpy's reduction, which pickles the dtype object through the pickler's hooks
+    (twice the time for an 8 KiB array)."""
+    for x in PLAIN:
+        data = shipping.dumps(x)
+        assert b"dtype" not in data and len(data) < x.nbytes + 200, x
+    assert all(b"dtype" in shipping.dumps(x) for x in OTHERS)
 
 
 @pytest.fixture(scope="module")
