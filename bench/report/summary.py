@@ -76,9 +76,9 @@ def plot(result: dict) -> str | None:
         return None
     base = result.get("baseline", "clamor")
     peers = [s for s in dict.fromkeys(r["system"] for r in result["rows"]) if s != base]
-    cs = cases(result)
-    values = {(c, s): ratio(result, s, c, base) for c in cs for s in peers}
-    if not any(v for v in values.values()):
+    values = {(c, s): ratio(result, s, c, base) for c in cases(result) for s in peers}
+    cs = [c for c in cases(result) if any(values[(c, s)] for s in peers)]  # a case of Clamor alone: no bars
+    if not cs:
         return None
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(cs) * max(1, len(peers)) / 2 + 2), 3.6))
     width = 0.8 / max(1, len(peers))

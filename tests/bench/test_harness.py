@@ -118,3 +118,18 @@ def test_the_dashboard_report_names_the_commit_its_json_measured_not_the_checkou
     text = dashboard.report(data, params)
     assert "2026-11-28T03:00:00, commit abc1234 with uncommitted changes, 2 cores (test)." in text
     assert "Command: `python bench/run.py dashboard`" in text
+
+
+def test_the_lookups_100_percent_goal_says_what_the_same_stage_of_empty_tasks_costs():
+    from workloads import lookups
+
+    def r(system, case, secs):
+        return {"system": system, "case": case, "seconds": secs, "bytes_moved": 0, "note": ""}
+
+    rows = [r("clamor", "100%", [0.010] * 6), r("ray (ship keys' values)", "100%", [0.015] * 6),
+            r("clamor", lookups.FLOOR, [0.008] * 6)]  # fmt: skip
+    g = lookups.time_goal(rows, "ray", "100%", 2.0, "at 100 %")
+    assert g["value"] == pytest.approx(1.5) and not g["met"]
+    assert "tasks that return at once (the same arguments and writes) takes 0.008 s, 80% of Clamor's" in g["why"]
+    assert "1.88x is the most a faster lookup could give here" in g["why"]
+    assert "return at once" not in lookups.time_goal(rows[:2], "ray", "100%", 2.0, "at 100 %")["why"]
