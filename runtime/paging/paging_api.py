@@ -129,8 +129,8 @@ class DriverPaging(Protocol):
         ...
 
     def sealed(self) -> np.ndarray | None:
-        """The pages (sorted, uint64) whose version the last :meth:`begin_stage` changed:
-        every page written since the one before (``None``: not known)."""
+        """The pages (sorted, uint64) whose version the last :meth:`begin_stage` changed, to
+        its epoch: every page written since the one before (``None``: not known)."""
         ...
 
     def versions_at(self, runs: bytes, epoch: int) -> np.ndarray:

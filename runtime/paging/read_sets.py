@@ -161,8 +161,10 @@ class ReadSetCache:
     versions (:meth:`at`).
 
     A resident set's versions at a new epoch are its versions at the last one but for the
-    pages that epoch's start sealed (:meth:`sealed`): so a worker's unchanged set costs
-    a lookup per sealed page, not a pass over every page it holds (a million for 4 GiB).
+    pages the stage starts since sealed (:meth:`sealed`), and a page sealed at epoch ``e``
+    has version ``e``: so a worker's unchanged set costs a search per sealed page, not a
+    pass over every page it holds (a million for 4 GiB), nor a lookup in the driver's
+    table (0.5 ms of 0.75 for the 6,600 pages a sparse update seals).
     """
 
     #: Stage starts whose sealed pages are kept, newest last.
@@ -191,7 +193,7 @@ class ReadSetCache:
     def at(self, pages: ReadSet, epoch: int, versions_at: Callable[[bytes, int], np.ndarray]) -> ReadSet:
         """A resident read set (``pages``: versions zero) with its pages' versions at ``epoch``,
         one per page as ``versions_at(runs, epoch)`` reads them (the driver's page table):
-        from the last epoch it was asked at, where the pages sealed since are known."""
+        from the last epoch it was asked at and the seals since, where those are known."""
         if not len(pages):
             return EMPTY
         runs = pages.page_runs()
@@ -201,7 +203,7 @@ class ReadSetCache:
         if last is None or changed is None:
             found = ReadSet(runs, versions_at(runs, epoch))
         else:
-            found = last[1] if not len(changed) else _updated(last[1], changed, epoch, versions_at)
+            found = _updated(last[1], changed)
         with self._lock:
             self._latest[runs] = (epoch, found)
             self._latest.move_to_end(runs)
@@ -209,11 +211,12 @@ class ReadSetCache:
                 self._latest.popitem(last=False)
         return found
 
-    def _changed_since(self, then: int, epoch: int) -> np.ndarray | None:
-        """The pages sealed after epoch ``then`` up to ``epoch``; ``None`` if not all known."""
+    def _changed_since(self, then: int, epoch: int) -> list[tuple[int, np.ndarray]] | None:
+        """The stage starts after epoch ``then`` up to ``epoch``, oldest first, each with the
+        pages it sealed; ``None`` if not all known."""
         if epoch < then or any(self._seals.get(e) is None for e in range(then + 1, epoch + 1)):
             return None
-        return np.concatenate([self._seals[e] for e in range(then + 1, epoch + 1)] + [np.empty(0, np.uint64)])
+        return [(e, self._seals[e]) for e in range(then + 1, epoch + 1)]
 
     def _cached(self, key: Hashable, make: Callable[[], ReadSet]) -> ReadSet:
         with self._lock:
@@ -229,21 +232,22 @@ class ReadSetCache:
         return found
 
 
-def _updated(read_set: ReadSet, changed: np.ndarray, epoch: int,
-             versions_at: Callable[[bytes, int], np.ndarray]) -> ReadSet:  # fmt: skip
-    """``read_set`` (pages with a version each) with the pages of ``changed`` it holds read
-    again at ``epoch``; itself if it holds none of them. ``changed`` may be in any order
-    and repeat a page (each is looked up on its own): no ``np.unique``, which hashes, 0.9
-    ms for the 6,700 pages of a sparse update."""
+def _updated(read_set: ReadSet, seals: list[tuple[int, np.ndarray]]) -> ReadSet:
+    """``read_set`` (pages with a version each) with the pages it holds of each seal's
+    ``(epoch, pages)``, oldest first, at that epoch: the version a page has until it is
+    sealed again. Itself if it holds none of them. A seal's pages come sorted (the
+    driver's scan), so numpy's search takes its fast path; no ``np.unique``, which hashes."""
     runs = read_set._runs
     first, count = runs["first"].astype(np.uint64), runs["count"].astype(np.uint64)
-    run = np.searchsorted(first, changed, side="right").astype(np.int64) - 1  # the run each could be in
-    inside = (run >= 0) & (changed < first[np.maximum(run, 0)] + count[np.maximum(run, 0)])
-    if not inside.any():
-        return read_set
-    hit, run = changed[inside], run[inside]
-    offsets = np.concatenate(([0], np.cumsum(count.astype(np.int64))[:-1]))
-    where = offsets[run] + (hit - first[run]).astype(np.int64)
-    versions = read_set.versions().copy()
-    versions[where] = versions_at(encode(hit, np.zeros(len(hit), np.uint32)), epoch)
-    return ReadSet(read_set._runs.tobytes(), versions)
+    versions: np.ndarray | None = None
+    for epoch, changed in seals:
+        run = np.searchsorted(first, changed, side="right").astype(np.int64) - 1  # the run each could be in
+        inside = (run >= 0) & (changed < first[np.maximum(run, 0)] + count[np.maximum(run, 0)])
+        if not inside.any():
+            continue
+        if versions is None:
+            versions = read_set.versions().copy()
+            offsets = np.concatenate(([0], np.cumsum(count.astype(np.int64))[:-1]))
+        hit, run = changed[inside], run[inside]
+        versions[offsets[run] + (hit - first[run]).astype(np.int64)] = epoch
+    return read_set if versions is None else ReadSet(runs.tobytes(), versions)
