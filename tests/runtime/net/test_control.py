@@ -141,6 +141,15 @@ def test_run_stage_calls_that_share_an_argument_still_get_copies_of_their_own(cl
     assert shared == [] and other == []
 
 
+def test_a_stages_function_keeps_its_state_between_its_calls_on_one_worker(cluster):
+    def count(key, seen=[]):  # noqa: B006 - loaded once per worker for the stage, as Dask and Ray do
+        seen.append(key)
+        return len(seen)
+
+    assert cluster.run_stage([(0, count, (k,)) for k in range(4)]) == [1, 2, 3, 4]
+    assert cluster.run_stage([(0, count, (k,)) for k in range(2)]) == [1, 2]  # a new stage loads it anew
+
+
 def test_remote_exception_is_reraised_as_same_type(cluster):
     with pytest.raises(CustomError, match="boom") as info:
         cluster.run(fail, "boom", worker=1)

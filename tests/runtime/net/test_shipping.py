@@ -190,6 +190,36 @@ def test_a_packed_call_runs_with_fresh_copies_of_the_shared_objects():
     assert results == [["x", 0], ["x", 1], ["x", 2]] and shared == ["x"]
 
 
+def _as_a_worker_runs(calls: list) -> list:
+    """The calls packed, then run one after another by one unpickled runner (a stage's
+    calls on one worker)."""
+    from clamor.runtime.stage import TaskContext
+
+    packed = shipping.pack_calls(calls)
+    runner = shipping.loads(shipping.dumps(shipping.CallRunner(packed.shared)))
+    return [runner(TaskContext(i, (), None, None, p)) for i, p in enumerate(packed.payloads)]
+
+
+def test_a_stages_shared_function_is_loaded_once_per_worker_and_keeps_its_state_between_calls():
+    def count(table, key, seen=[]):  # noqa: B006 - the state under test
+        seen.append(key)
+        return len(seen), int(table[key])
+
+    table = np.arange(4)
+    table.flags.writeable = False  # as an arena array reaches a worker
+    assert _as_a_worker_runs([(count, (table, k), None) for k in range(3)]) == [(1, 0), (2, 1), (3, 2)]
+
+
+def test_a_shared_writable_array_is_each_calls_own_copy():
+    def bump(a, i):
+        a[i] += 1
+        return a.tolist()
+
+    a = np.zeros(3, np.int64)
+    assert _as_a_worker_runs([(bump, (a, i), None) for i in range(3)]) == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]
+    assert a.tolist() == [0, 0, 0]
+
+
 def test_a_call_that_cannot_be_pickled_is_named_among_many():
     import threading
 
