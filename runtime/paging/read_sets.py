@@ -164,7 +164,8 @@ class ReadSetCache:
     pages the stage starts since sealed (:meth:`sealed`), and a page sealed at epoch ``e``
     has version ``e``: so a worker's unchanged set costs a search per sealed page, not a
     pass over every page it holds (a million for 4 GiB), nor a lookup in the driver's
-    table (0.5 ms of 0.75 for the 6,600 pages a sparse update seals).
+    table (the update took 0.75 ms with those lookups and 0.4 ms without, for the 6,600
+    pages a sparse update seals in a set of 204,800).
     """
 
     #: Stage starts whose sealed pages are kept, newest last.
