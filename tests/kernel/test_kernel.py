@@ -29,6 +29,7 @@ import pytest
 from clamor.kernel import arena_default, cli, session
 from clamor.kernel.lazy import LazyCluster
 from clamor.runtime.paging import arena
+from clamor.testing.waiting import exited
 from jupyter_client import KernelClient, KernelManager
 from kernelspec_fixture import clamor_kernelspec  # noqa: F401 - a fixture
 
@@ -134,14 +135,7 @@ def workers_of(kernel_pid: int) -> list[psutil.Process]:
 
 def alive(pids: list[int]) -> list[int]:
     """Those of ``pids`` still running as processes (zombies count as gone)."""
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+    return [pid for pid in pids if not exited(pid)]
 
 
 def wait_until(check: Callable[[], bool], timeout: float) -> bool:

@@ -13,6 +13,7 @@ import psutil
 import pytest
 from clamor.runtime.cluster import Cluster
 from clamor.runtime.launchers.local import LocalLauncher
+from clamor.testing.waiting import still_running
 
 
 def template_of(cluster: Cluster) -> psutil.Process:
@@ -23,15 +24,6 @@ def template_of(cluster: Cluster) -> psutil.Process:
     assert template.ppid() == os.getpid()
     assert template.name() == "clamor-template"
     return template
-
-
-def gone(pids: list[int], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def random_draw() -> float:
@@ -49,7 +41,7 @@ def test_workers_forked_from_one_template_run_tasks_and_draw_their_own_random_nu
         assert len(set(draws)) == 3  # not the template's one state, copied three times
         cluster.run(print, "hello from a forked worker", worker=1)
         pids = [cluster.worker_pid(w) for w in cluster.workers]
-    assert gone([*pids, template.pid])
+    assert still_running([*pids, template.pid]) == []
     deadline = time.monotonic() + 5
     log = tmp_path / "worker-1.log"
     while "hello from a forked worker" not in (log.read_text() if log.exists() else ""):
@@ -73,7 +65,7 @@ def test_when_the_template_is_killed_its_workers_die_and_new_ones_come_from_a_ne
         template = template_of(cluster)
         pids = [cluster.worker_pid(w) for w in cluster.workers]
         template.send_signal(signal.SIGKILL)
-        assert gone(pids)  # they die with it (PR_SET_PDEATHSIG)
+        assert still_running(pids) == []  # they die with it (PR_SET_PDEATHSIG)
         deadline = time.monotonic() + 30
         while {0, 1} & set(cluster.workers):  # both losses seen (each its own way: stream, template)
             assert time.monotonic() < deadline, cluster.workers
@@ -113,7 +105,7 @@ def test_scale_up_and_down_during_a_running_stage_keeps_the_result_exact():
         assert cluster.scale(1) == [0]  # the newest go; not replaced
         stage.join(120)
         assert result == [[x * x for x in range(200)]]
-        assert gone(retired)
+        assert still_running(retired) == []
         assert ds.collect() == [x * x for x in range(200)]  # what the retired held: recomputed
         assert cluster.scale(3) == [0, 4, 5]
         assert sum(cluster.run_stage([(w, slow_square, (w,)) for w in cluster.workers])) == 41
@@ -132,7 +124,7 @@ def test_close_tells_each_worker_on_its_task_stream_and_each_exits_on_its_own(fo
     cluster.close()
     assert {w: s["sent_messages"] - sent[w] for w, s in cluster._executor.endpoints.stream_counters().items()} == {0: 1, 1: 1, 2: 1}
     assert [launcher.exitcode(w) for w in range(3)] == [0, 0, 0]  # not killed
-    assert gone(pids)
+    assert still_running(pids) == []
 
 
 def test_scale_counts_a_replacement_already_starting():

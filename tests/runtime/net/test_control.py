@@ -37,6 +37,7 @@ from clamor.runtime.paging.paging_api import (
     PagingConfig,
     PagingKind,
 )
+from clamor.testing.waiting import exited, still_running
 
 # Workers cannot import this test module: ship its functions and classes by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -72,24 +73,6 @@ def divide_late(a, b):
 
 def pid_and(value):
     return os.getpid(), value
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_gone(pids, timeout: float) -> list[int]:
-    """Wait until every pid has exited; return the ones still running."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if not gone(p)]
-        if not alive:
-            return []
-        time.sleep(0.1)
-    return [p for p in pids if not gone(p)]
 
 
 @pytest.fixture(scope="module")
@@ -334,7 +317,7 @@ def test_lost_workers_raise_worker_lost_error():
             c.run_stage([(0, time.sleep, (60,)), (1, abs, (-1,))])
         assert time.monotonic() - start < 6
         assert info.value.worker_id == 0 and "SIGKILL" in str(info.value)
-        assert gone(pid0)
+        assert exited(pid0)
         assert c.workers == [1]
         assert c.run(abs, -7, worker=1) == 7
         with pytest.raises(WorkerLostError):
@@ -545,10 +528,10 @@ def test_workers_die_with_a_sigkilled_driver(spawned_from):
         pids = [int(p) for p in driver.stdout.readline().split()]
         assert len(pids) == 2
         time.sleep(0.5)
-        assert not any(gone(p) for p in pids)  # alive while the driver (and not its thread) lives
+        assert not any(exited(p) for p in pids)  # alive while the driver (and not its thread) lives
         driver.send_signal(signal.SIGKILL)
         driver.wait()
-        assert wait_gone(pids, 10) == []
+        assert still_running(pids, 10) == []
     finally:
         driver.kill()
         driver.wait()
@@ -577,7 +560,7 @@ def test_a_script_that_never_closes_its_cluster_still_exits(ending):
         _, err = driver.communicate(timeout=60)
         assert driver.returncode == (1 if ending == "raise" else 0), err[-2000:]
         assert err.count("Traceback") == (ending == "raise")  # its own error, nothing from closing
-        assert wait_gone(pids, 10) == []
+        assert still_running(pids, 10) == []
     finally:
         driver.kill()
         driver.wait()
@@ -595,7 +578,7 @@ def test_close_leaves_no_child_processes(fork):
     assert not os.path.exists(token_file)  # removed once the workers have read it
     c.close()
     c.close()  # idempotent
-    assert wait_gone(pids, 1) == []
+    assert still_running(pids, 1) == []
     children = {p.pid for p in psutil.Process().children(recursive=True)}
     assert not children & set(pids)
     with pytest.raises(ClamorError, match="closed"):

@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 from clamor.runtime.paging import arena
+from clamor.testing.waiting import exited
 
 import clamor
 
@@ -29,15 +30,6 @@ HOT_PAGES = 4
 def read_hot(a: np.ndarray, worker: int) -> tuple[int, int, float]:
     """Touch every page of `a`; say who did it."""
     return worker, os.getpid(), float(a[:: PAGE // 8].sum())
-
-
-def gone(pid: int) -> bool:
-    """No such process (or only a zombie that is no longer running)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
 
 
 def redirect_failures(cluster: clamor.Cluster) -> dict[str, int]:
@@ -71,7 +63,7 @@ def test_72_workers_run_a_stage_and_serve_each_other_pages():
         assert [(w, pid) for w, pid, _ in results] == list(pids.items())  # each on its own worker
         assert all(total == expected for _, _, total in results)
         assert cluster.workers == list(range(WORKERS))  # every worker alive
-        assert not any(gone(pid) for pid in pids.values())
+        assert not any(exited(pid) for pid in pids.values())
 
         after = cluster.stats()
         assert after["driver"]["redirects"] > before["driver"]["redirects"]
@@ -92,8 +84,8 @@ def test_72_workers_run_a_stage_and_serve_each_other_pages():
         cluster.close()
         print(f"closed in {time.monotonic() - t2:.1f} s")
     deadline = time.monotonic() + 10
-    while not all(gone(pid) for pid in pids.values()):
-        assert time.monotonic() < deadline, [w for w, pid in pids.items() if not gone(pid)]
+    while not all(exited(pid) for pid in pids.values()):
+        assert time.monotonic() < deadline, [w for w, pid in pids.items() if not exited(pid)]
         time.sleep(0.1)
 
 
@@ -124,6 +116,6 @@ def test_256_workers_forked_at_once_register_run_and_close():
     finally:
         cluster.close()
     deadline = time.monotonic() + 20
-    while not all(gone(pid) for pid in pids):
-        assert time.monotonic() < deadline, [p for p in pids if not gone(p)]
+    while not all(exited(pid) for pid in pids):
+        assert time.monotonic() < deadline, [p for p in pids if not exited(p)]
         time.sleep(0.1)
