@@ -36,6 +36,7 @@ from clamor.runtime.credentials import Credentials
 from clamor.runtime.data import checkpoint
 from clamor.runtime.data.dataset import DatasetSources
 from clamor.runtime.data.lineage import LineageStore
+from clamor.runtime.errors import ClamorError
 from clamor.runtime.futures import ClusterExecutor, ClusterFuture, Dispatcher
 from clamor.runtime.launchers.base import Launcher
 from clamor.runtime.launchers.local import LocalLauncher
@@ -597,10 +598,15 @@ class Cluster(DatasetSources):
                 self.inspector.close()
                 self._throttle.close()
                 # On its task stream where it has one (a write each: no call, no reply to
-                # wait for), else by a call; then the launcher waits for them to exit.
+                # wait for), else by a call; also by a call where attempts were launched:
+                # an idle worker runs its first attempt on its stream's reader, which reads
+                # the shutdown only once that task returns. Then the launcher waits for
+                # them to exit.
                 unlinked = set(self._executor.endpoints.shut_down(w.id for w in live))
-                unlinked_workers = [w for w in live if w.id in unlinked]
-                call_each(lambda w: w.stub.Shutdown(pb.ShutdownRequest(), timeout=2), unlinked_workers)  # errors: exiting
+                with contextlib.suppress(ClamorError):
+                    unlinked |= self._executor.ask(lambda s: {w for w in s.workers if s.running(w)})
+                call_each(lambda w: w.stub.Shutdown(pb.ShutdownRequest(), timeout=2),
+                          [w for w in live if w.id in unlinked])  # fmt: skip  # errors: exiting
                 self.registry.launcher.close(timeout=5.0)  # let them exit on their own first
             finally:
                 self._finalizer()

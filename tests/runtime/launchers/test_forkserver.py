@@ -12,8 +12,9 @@ import numpy as np
 import psutil
 import pytest
 from clamor.runtime.cluster import Cluster
+from clamor.runtime.errors import ClamorError
 from clamor.runtime.launchers.local import LocalLauncher
-from clamor.testing.waiting import still_running
+from clamor.testing.waiting import still_running, wait_for
 
 
 def template_of(cluster: Cluster) -> psutil.Process:
@@ -125,6 +126,24 @@ def test_close_tells_each_worker_on_its_task_stream_and_each_exits_on_its_own(fo
     assert {w: s["sent_messages"] - sent[w] for w, s in cluster._executor.endpoints.stream_counters().items()} == {0: 1, 1: 1, 2: 1}
     assert [launcher.exitcode(w) for w in range(3)] == [0, 0, 0]  # not killed
     assert still_running(pids) == []
+
+
+def _mark_and_sleep(path: str, seconds: float) -> None:
+    open(path, "w").close()
+    time.sleep(seconds)
+
+
+def test_close_ends_a_worker_busy_with_a_long_task_without_killing_it(tmp_path):
+    """The idle worker runs the task on its task stream's reader, which reads the
+    stream's shutdown only when the task returns: close tells it by a call as well."""
+    launcher = LocalLauncher()
+    cluster = Cluster(1, launcher=launcher, timeout=60)
+    marker = tmp_path / "running"
+    future = cluster.submit(_mark_and_sleep, str(marker), 60.0)
+    wait_for(marker.exists, 30, "the task to start")
+    cluster.close()
+    assert launcher.exitcode(0) == 0  # exited on its own, not killed after the launcher's wait
+    assert isinstance(future.exception(10), ClamorError)
 
 
 def test_scale_counts_a_replacement_already_starting():
