@@ -600,13 +600,13 @@ class Cluster(DatasetSources):
                 # On its task stream where it has one (a write each: no call, no reply to
                 # wait for), else by a call; also by a call where attempts were launched:
                 # an idle worker runs its first attempt on its stream's reader, which reads
-                # the shutdown only once that task returns. Then the launcher waits for
-                # them to exit.
-                unlinked = set(self._executor.endpoints.shut_down(w.id for w in live))
+                # the shutdown only once that task returns. (A call fails where the worker
+                # is exiting already.) Then the launcher waits for them to exit.
+                to_call = set(self._executor.endpoints.shut_down(w.id for w in live))  # not linked
                 with contextlib.suppress(ClamorError):
-                    unlinked |= self._executor.ask(lambda s: {w for w in s.workers if s.running(w)})
+                    to_call |= self._executor.ask(lambda s: {w for w in s.workers if s.running(w)})
                 call_each(lambda w: w.stub.Shutdown(pb.ShutdownRequest(), timeout=2),
-                          [w for w in live if w.id in unlinked])  # fmt: skip  # errors: exiting
+                          [w for w in live if w.id in to_call])  # fmt: skip
                 self.registry.launcher.close(timeout=5.0)  # let them exit on their own first
             finally:
                 self._finalizer()
