@@ -354,14 +354,11 @@ class CallRunner:
         return objects
 
 
-_UNCHANGEABLE = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType, str, bytes, int, float,
-                 complex, bool, type(None), range)  # fmt: skip
-
-
 def _unchangeable(obj: object) -> bool:
     """Whether a call cannot change ``obj`` for the calls after it, except through a
-    function's own state (see :class:`CallRunner`)."""
-    if isinstance(obj, _UNCHANGEABLE):
+    function's own state (see :class:`CallRunner`): what :func:`_frozen` says, and
+    functions, classes and read-only arrays too."""
+    if _frozen(obj) or isinstance(obj, types.FunctionType | type):
         return True
     if type(obj) is np.ndarray:
         return not obj.flags.writeable and not obj.dtype.hasobject
