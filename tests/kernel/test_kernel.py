@@ -29,7 +29,7 @@ import pytest
 from clamor.kernel import arena_default, cli, session
 from clamor.kernel.lazy import LazyCluster
 from clamor.runtime.paging import arena
-from clamor.testing.waiting import exited
+from clamor.testing.waiting import exited, still_running
 from jupyter_client import KernelClient, KernelManager
 from kernelspec_fixture import clamor_kernelspec  # noqa: F401 - a fixture
 
@@ -136,15 +136,6 @@ def workers_of(kernel_pid: int) -> list[psutil.Process]:
 def alive(pids: list[int]) -> list[int]:
     """Those of ``pids`` still running as processes (zombies count as gone)."""
     return [pid for pid in pids if not exited(pid)]
-
-
-def wait_until(check: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return check()
 
 
 class Kernel:
@@ -254,7 +245,7 @@ def test_idle_kernel_has_no_workers_first_use_starts_them_shutdown_ends_them(sta
     assert len(pids) == 2
 
     kernel.km.shutdown_kernel(now=False)  # shutdown_request: do_shutdown closes the cluster
-    assert wait_until(lambda: not alive(pids), 10), f"workers {alive(pids)} outlived the kernel"
+    assert not (left := still_running(pids, 10)), f"workers {left} outlived the kernel"
     assert not kernel.km.is_alive()
 
 
@@ -367,7 +358,7 @@ def test_restart_closes_the_workers_and_the_new_kernel_starts_none_until_used(st
     kernel.km.restart_kernel(now=False)
     kernel.reconnect()
     assert kernel.pid != old_kernel
-    assert wait_until(lambda: not alive(old_pids), 10), f"old workers {alive(old_pids)} live on"
+    assert not (left := still_running(old_pids, 10)), f"old workers {left} live on"
     time.sleep(0.5)
     assert kernel.workers() == []
     assert used(kernel.ok(USE_CLUSTER)) == 2
@@ -381,5 +372,5 @@ def test_a_sigkilled_kernel_leaves_no_workers(start_kernel):
     pids = kernel.workers()
     assert len(pids) == 2
     os.kill(kernel.pid, signal.SIGKILL)
-    assert wait_until(lambda: not alive(pids), 10), f"workers {alive(pids)} outlived the kernel"
+    assert not (left := still_running(pids, 10)), f"workers {left} outlived the kernel"
 

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 from clamor.runtime.paging import arena
-from clamor.testing.waiting import exited
+from clamor.testing.waiting import exited, still_running
 
 import clamor
 
@@ -83,10 +83,7 @@ def test_72_workers_run_a_stage_and_serve_each_other_pages():
         t2 = time.monotonic()
         cluster.close()
         print(f"closed in {time.monotonic() - t2:.1f} s")
-    deadline = time.monotonic() + 10
-    while not all(exited(pid) for pid in pids.values()):
-        assert time.monotonic() < deadline, [w for w, pid in pids.items() if not exited(pid)]
-        time.sleep(0.1)
+    assert still_running(pids.values(), 10) == []
 
 
 def arena_value(a: np.ndarray) -> float:
@@ -115,7 +112,4 @@ def test_256_workers_forked_at_once_register_run_and_close():
             time.sleep(0.2)
     finally:
         cluster.close()
-    deadline = time.monotonic() + 20
-    while not all(exited(pid) for pid in pids):
-        assert time.monotonic() < deadline, [p for p in pids if not exited(p)]
-        time.sleep(0.1)
+    assert still_running(pids, 20) == []
